@@ -1,0 +1,47 @@
+// comet/cost_model.h: per-GPU rates and the lower bound of an MoE layer's forward.
+//
+// lower bound = max(t_compute, t_comm, t_weights) for the busiest rank, where
+//   t_compute = FLOP of its expert GEMMs / dense bf16 rate,
+//   t_comm    = (dispatch + combine bytes over its busiest link direction) / link bandwidth,
+//   t_weights = bytes of its expert weights / HBM bandwidth (weights are read at least once).
+// Overlap can at best hide the smaller terms behind the largest one (DESIGN §6).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comet/config.h"
+#include "comet/plan.h"
+
+namespace comet {
+
+struct GpuSpec {
+  std::string name;
+  int num_sms = 0;
+  double bf16_tflops = 0;        // dense bf16 tensor-core rate used by the bound
+  double hbm_gbps = 0;           // HBM bandwidth, GB/s
+  double link_gbps = 0;          // NVLink bandwidth per direction per GPU, GB/s
+  std::string source;            // where the numbers come from
+};
+
+const std::vector<GpuSpec>& gpu_specs();
+const GpuSpec& gpu_spec(const std::string& name);  // throws comet::Error listing names
+
+struct LayerCost {
+  double flops_max_rank = 0;       // FLOP of the busiest rank
+  double link_bytes_max_rank = 0;  // bytes of the busiest rank's busiest link direction
+  double weight_bytes_per_rank = 0;
+  double t_compute_us = 0;
+  double t_comm_us = 0;
+  double t_weights_us = 0;
+  double lower_bound_us = 0;
+  std::string bound_by;  // "compute", "comm" or "weights"
+};
+
+// Bytes rank src sends to rank dst in one forward (dispatch src->dst plus the combine rows
+// dst->src travel the other way; this counts src->dst only). Zero for src == dst.
+double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, int dst);
+
+LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const GpuSpec& gpu);
+
+}  // namespace comet

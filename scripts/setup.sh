@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what the build needs from Debian's packages, once (idempotent: a no-op when present).
+# Used by `make run`, `make test` and CI; never needs to be run by hand.
+set -euo pipefail
+packages=(cmake ninja-build g++ ccache libgtest-dev nlohmann-json3-dev libcli11-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  if [ "$(id -u)" != 0 ]; then sudo_cmd="sudo"; fi
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

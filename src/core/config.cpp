@@ -1,0 +1,115 @@
+// Layer configuration: validation with reasons, derived sizes, CPU scaling.
+#include "comet/config.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace comet {
+
+const char* activation_name(Activation act) {
+  switch (act) {
+    case Activation::kSwiGlu: return "swiglu";
+    case Activation::kGelu: return "gelu";
+    case Activation::kRelu: return "relu";
+    case Activation::kSilu: return "silu";
+  }
+  return "?";
+}
+
+Activation parse_activation(const std::string& name) {
+  if (name == "swiglu") return Activation::kSwiGlu;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "relu") return Activation::kRelu;
+  if (name == "silu") return Activation::kSilu;
+  throw Error("unknown activation '" + name + "' (expected swiglu, gelu, relu or silu)");
+}
+
+int64_t ModelShape::weights_per_expert() const {
+  const int64_t projections_in = is_gated(activation) ? 2 : 1;
+  return (projections_in + 1) * int64_t(hidden) * ffn;
+}
+
+int64_t ModelShape::flops_per_row() const { return 2 * weights_per_expert(); }
+
+ModelShape ModelShape::scaled_down(int factor) const {
+  COMET_CHECK(factor >= 1, "scale factor must be >= 1, got " << factor);
+  if (factor == 1) return *this;
+  auto shrink = [factor](int n) { return std::max(8, (n / factor + 7) / 8 * 8); };
+  ModelShape s = *this;
+  s.hidden = shrink(hidden);
+  s.ffn = shrink(ffn);
+  s.name = name + "/" + std::to_string(factor);
+  return s;
+}
+
+CpuScale choose_cpu_scale(const ModelShape& model, int world, int tokens_per_rank,
+                          double flop_budget) {
+  CpuScale scale;
+  auto work = [&](const CpuScale& s) {
+    const ModelShape m = model.scaled_down(s.shape_factor);
+    const double tokens = std::max(1, tokens_per_rank / s.token_factor);
+    return double(world) * tokens * model.topk * double(m.flops_per_row());
+  };
+  while (work(scale) > flop_budget && model.hidden / (scale.shape_factor * 2) >= 64) {
+    scale.shape_factor *= 2;
+  }
+  while (work(scale) > flop_budget && tokens_per_rank / scale.token_factor > 1) {
+    scale.token_factor *= 2;
+  }
+  return scale;
+}
+
+int64_t LayerConfig::max_rows_per_rank() const {
+  const int64_t per_token = std::min(model.topk, experts_per_rank());
+  return int64_t(layout.world) * max_tokens_per_rank * per_token;
+}
+
+int64_t LayerConfig::max_m_tiles_per_rank() const {
+  return (max_rows_per_rank() + tiles.block_m - 1) / tiles.block_m + experts_per_rank();
+}
+
+Status LayerConfig::validate() const {
+  auto fail = [](const std::string& s) { return Status::failure(s); };
+  const ModelShape& m = model;
+  const ParallelLayout& l = layout;
+  if (m.hidden <= 0 || m.ffn <= 0 || m.num_experts <= 0)
+    return fail("model '" + m.name + "' needs positive hidden, ffn and num_experts (got H=" +
+                std::to_string(m.hidden) + ", F=" + std::to_string(m.ffn) +
+                ", E=" + std::to_string(m.num_experts) + ")");
+  if (m.topk < 1 || m.topk > m.num_experts)
+    return fail("topk must be in [1, E=" + std::to_string(m.num_experts) + "], got " + std::to_string(m.topk));
+  if (l.ep < 1 || l.tp < 1 || l.world < 1)
+    return fail("world, ep and tp must be >= 1 (got W=" + std::to_string(l.world) + ", EP=" +
+                std::to_string(l.ep) + ", TP=" + std::to_string(l.tp) + ")");
+  if (l.world != l.ep * l.tp)
+    return fail("world size " + std::to_string(l.world) + " != EP*TP = " + std::to_string(l.ep) +
+                "*" + std::to_string(l.tp));
+  if (m.num_experts % l.ep != 0)
+    return fail(std::to_string(m.num_experts) + " experts are not divisible by EP=" + std::to_string(l.ep));
+  if (m.ffn % l.tp != 0)
+    return fail("ffn size F=" + std::to_string(m.ffn) + " is not divisible by TP=" + std::to_string(l.tp));
+  if (max_tokens_per_rank < 0)
+    return fail("max_tokens_per_rank must be >= 0, got " + std::to_string(max_tokens_per_rank));
+  if (tiles.block_m < 1 || tiles.block_n0 < 1 || tiles.block_n1 < 1)
+    return fail("tile shapes must be positive (block_m=" + std::to_string(tiles.block_m) +
+                ", block_n0=" + std::to_string(tiles.block_n0) + ", block_n1=" + std::to_string(tiles.block_n1) + ")");
+  return Status::success();
+}
+
+void LayerConfig::check() const {
+  const Status s = validate();
+  if (!s) throw Error("invalid layer config: " + s.reason);
+}
+
+std::string LayerConfig::describe() const {
+  std::ostringstream os;
+  os << "model=" << model.name << " H=" << model.hidden << " F=" << model.ffn
+     << " E=" << model.num_experts << " topk=" << model.topk
+     << " act=" << activation_name(model.activation) << " W=" << layout.world
+     << " EP=" << layout.ep << " TP=" << layout.tp << " T_max=" << max_tokens_per_rank
+     << " dtype=" << dtype_name(dtype) << " tiles=" << tiles.block_m << "x" << tiles.block_n0
+     << "/" << tiles.block_n1;
+  return os.str();
+}
+
+}  // namespace comet

@@ -1,0 +1,68 @@
+// Cost model: per-GPU rates and the max(compute, comm, weights) lower bound.
+#include "comet/cost_model.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace comet {
+
+const std::vector<GpuSpec>& gpu_specs() {
+  // One row per GPU. Rates are what the bound divides by; where we measured a sustained
+  // rate on the machine it is used (an unreachable datasheet peak would make every bound loose).
+  static const std::vector<GpuSpec> specs = {
+      // Dense bf16 8192^3 GEMM measured 785 TFLOP/s (cuBLAS, 2026-11-29, DESIGN §8); HBM3e
+      // 4.8 TB/s datasheet; NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction.
+      {"H200", 132, 785.0, 4800.0, 450.0, "measured bf16 GEMM rate; HBM and NVLink datasheet"},
+      // SXM H100: 989 TFLOP/s datasheet dense bf16, scaled by the same 0.79 measured/peak ratio
+      // as the H200 (same chip and clocks); 3.35 TB/s HBM3; NVLink 4 as above.
+      {"H100", 132, 785.0, 3350.0, 450.0, "H200's measured GEMM rate (same chip); datasheet memory"},
+      // H800: an H100 with NVLink cut to 400 GB/s bidirectional (200 per direction); the paper's GPU.
+      {"H800", 132, 785.0, 3350.0, 200.0, "as H100, NVLink 200 GB/s per direction"},
+  };
+  return specs;
+}
+
+const GpuSpec& gpu_spec(const std::string& name) {
+  for (const auto& g : gpu_specs())
+    if (g.name == name) return g;
+  std::ostringstream os;
+  os << "unknown GPU '" << name << "' (known:";
+  for (const auto& g : gpu_specs()) os << " " << g.name;
+  os << ")";
+  throw Error(os.str());
+}
+
+double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, int dst) {
+  if (src == dst) return 0.0;
+  // Dispatch: src's tokens sent to dst (once per destination). Combine: dst's tokens that src
+  // holds return to dst as one pre-reduced row each. Both cross src->dst.
+  const double row_bytes = double(config.model.hidden) * dtype_bytes(config.dtype);
+  return (plan.send_count(src, dst) + plan.send_count(dst, src)) * row_bytes;
+}
+
+LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const GpuSpec& gpu) {
+  const int W = config.layout.world;
+  LayerCost c;
+  const double flops_per_row = double(config.model.flops_per_row()) / config.layout.tp;
+  for (int r = 0; r < W; ++r) {
+    c.flops_max_rank = std::max(c.flops_max_rank, plan.rows_on_rank(r) * flops_per_row);
+    double out = 0, in = 0;
+    for (int p = 0; p < W; ++p) {
+      out += link_bytes(config, plan, r, p);
+      in += link_bytes(config, plan, p, r);
+    }
+    c.link_bytes_max_rank = std::max({c.link_bytes_max_rank, out, in});
+  }
+  c.weight_bytes_per_rank = double(config.experts_per_rank()) * config.model.weights_per_expert() /
+                            config.layout.tp * dtype_bytes(config.dtype);
+  c.t_compute_us = c.flops_max_rank / (gpu.bf16_tflops * 1e12) * 1e6;
+  c.t_comm_us = c.link_bytes_max_rank / (gpu.link_gbps * 1e9) * 1e6;
+  c.t_weights_us = c.weight_bytes_per_rank / (gpu.hbm_gbps * 1e9) * 1e6;
+  c.lower_bound_us = std::max({c.t_compute_us, c.t_comm_us, c.t_weights_us});
+  c.bound_by = c.lower_bound_us == c.t_compute_us ? "compute"
+               : c.lower_bound_us == c.t_comm_us  ? "comm"
+                                                  : "weights";
+  return c;
+}
+
+}  // namespace comet

@@ -1,0 +1,198 @@
+// Routing: softmax top-k gating, seeded synthetic generators, validation.
+#include "comet/routing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+namespace comet {
+
+uint64_t Rng::next_u64() {
+  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double Rng::uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
+
+double Rng::normal() {
+  const double u1 = 1.0 - uniform();  // (0, 1]
+  const double u2 = uniform();
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+int Rng::uniform_int(int n) { return int(next_u64() % uint64_t(n)); }
+
+uint64_t derive_seed(uint64_t seed, uint64_t stream) {
+  Rng rng(seed ^ (0xd1b54a32d192ed03ull * (stream + 1)));
+  return rng.next_u64();
+}
+
+void Routing::check(int num_experts, int rank) const {
+  COMET_CHECK(num_tokens >= 0, "rank " << rank << ": negative token count " << num_tokens);
+  COMET_CHECK(expert_ids.size() == size_t(num_tokens) * topk && weights.size() == expert_ids.size(),
+              "rank " << rank << ": routing arrays hold " << expert_ids.size() << " ids and "
+                      << weights.size() << " weights, expected " << size_t(num_tokens) * topk
+                      << " (num_tokens " << num_tokens << " x topk " << topk << ")");
+  for (int t = 0; t < num_tokens; ++t) {
+    for (int k = 0; k < topk; ++k) {
+      const int32_t e = expert(t, k);
+      COMET_CHECK(e >= -1 && e < num_experts,
+                  "rank " << rank << " token " << t << " slot " << k << ": expert id " << e
+                          << " out of range [0, " << num_experts << ") (use -1 to mask a slot)");
+      COMET_CHECK(e < 0 || std::isfinite(weight(t, k)),
+                  "rank " << rank << " token " << t << " slot " << k << ": routing weight is not finite");
+    }
+  }
+}
+
+Routing softmax_topk_gating(const std::vector<float>& logits, int num_tokens, int num_experts,
+                            int topk, bool renormalize) {
+  COMET_CHECK(topk >= 1 && topk <= num_experts, "topk " << topk << " not in [1, " << num_experts << "]");
+  COMET_CHECK(logits.size() == size_t(num_tokens) * num_experts,
+              "logits hold " << logits.size() << " values, expected num_tokens*E = "
+                             << size_t(num_tokens) * num_experts);
+  Routing r;
+  r.num_tokens = num_tokens;
+  r.topk = topk;
+  r.expert_ids.resize(size_t(num_tokens) * topk);
+  r.weights.resize(size_t(num_tokens) * topk);
+  std::vector<double> prob(num_experts);
+  std::vector<int> idx(num_experts);
+  for (int t = 0; t < num_tokens; ++t) {
+    const float* row = logits.data() + size_t(t) * num_experts;
+    const double max_logit = *std::max_element(row, row + num_experts);
+    double sum = 0;
+    for (int e = 0; e < num_experts; ++e) sum += prob[e] = std::exp(double(row[e]) - max_logit);
+    for (int e = 0; e < num_experts; ++e) prob[e] /= sum;
+    std::iota(idx.begin(), idx.end(), 0);
+    // Stable: equal probabilities keep the lower expert id first.
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return prob[a] > prob[b]; });
+    double kept = 0;
+    for (int k = 0; k < topk; ++k) kept += prob[idx[k]];
+    for (int k = 0; k < topk; ++k) {
+      r.expert_ids[size_t(t) * topk + k] = idx[k];
+      r.weights[size_t(t) * topk + k] = float(renormalize ? prob[idx[k]] / kept : prob[idx[k]]);
+    }
+  }
+  return r;
+}
+
+std::string RoutingSpec::describe() const {
+  std::ostringstream os;
+  switch (kind) {
+    case RoutingKind::kUniform: os << "uniform"; break;
+    case RoutingKind::kZipf: os << "zipf:" << param; break;
+    case RoutingKind::kImbalance: os << "imbalance:" << param; break;
+  }
+  if (mask_fraction > 0) os << " mask:" << mask_fraction;
+  return os.str();
+}
+
+RoutingSpec parse_routing_spec(const std::string& text) {
+  RoutingSpec spec;
+  const auto colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
+  auto number = [&](double lo) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(arg, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    COMET_CHECK(used == arg.size() && !arg.empty() && std::isfinite(v) && v >= lo,
+                "routing '" << text << "': expected a number >= " << lo << " after '" << kind << ":'");
+    return v;
+  };
+  if (kind == "uniform" && arg.empty()) {
+    spec.kind = RoutingKind::kUniform;
+  } else if (kind == "zipf") {
+    spec.kind = RoutingKind::kZipf;
+    spec.param = number(0.0);
+  } else if (kind == "imbalance") {
+    spec.kind = RoutingKind::kImbalance;
+    spec.param = number(0.0);
+  } else {
+    throw Error("unknown routing '" + text + "' (expected uniform, zipf:S or imbalance:STD)");
+  }
+  return spec;
+}
+
+std::vector<double> expert_load_distribution(const RoutingSpec& spec, int num_experts, uint64_t seed) {
+  std::vector<double> p(num_experts, 1.0 / num_experts);
+  Rng rng(derive_seed(seed, 0x10ad));
+  if (spec.kind == RoutingKind::kZipf) {
+    // Popularity rank of each expert is a seeded permutation, so hot experts are spread over
+    // EP groups rather than all on rank 0.
+    std::vector<int> perm(num_experts);
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int i = num_experts - 1; i > 0; --i) std::swap(perm[i], perm[rng.uniform_int(i + 1)]);
+    for (int i = 0; i < num_experts; ++i) p[perm[i]] = 1.0 / std::pow(i + 1.0, spec.param);
+  } else if (spec.kind == RoutingKind::kImbalance) {
+    for (int e = 0; e < num_experts; ++e)
+      p[e] = std::max(0.0, 1.0 / num_experts + spec.param * rng.normal());
+  }
+  double sum = std::accumulate(p.begin(), p.end(), 0.0);
+  if (sum <= 0) {  // every expert clipped to zero: fall back to uniform
+    std::fill(p.begin(), p.end(), 1.0);
+    sum = num_experts;
+  }
+  for (double& v : p) v /= sum;
+  return p;
+}
+
+Routing generate_routing(const RoutingSpec& spec, int num_tokens, int num_experts, int topk,
+                         uint64_t seed, int rank) {
+  COMET_CHECK(topk >= 1 && topk <= num_experts, "topk " << topk << " not in [1, " << num_experts << "]");
+  COMET_CHECK(num_tokens >= 0, "negative token count " << num_tokens);
+  COMET_CHECK(spec.mask_fraction >= 0 && spec.mask_fraction <= 1,
+              "mask fraction " << spec.mask_fraction << " not in [0, 1]");
+  const std::vector<double> load = expert_load_distribution(spec, num_experts, seed);
+  Rng rng(derive_seed(seed, 1000 + uint64_t(rank)));
+  Routing r;
+  r.num_tokens = num_tokens;
+  r.topk = topk;
+  r.expert_ids.resize(size_t(num_tokens) * topk);
+  r.weights.resize(size_t(num_tokens) * topk);
+  std::vector<double> left(num_experts);
+  std::vector<double> logit(topk);
+  for (int t = 0; t < num_tokens; ++t) {
+    // Draw topk distinct experts with probability proportional to load (without replacement).
+    left = load;
+    double left_sum = 1.0;
+    for (int k = 0; k < topk; ++k) {
+      double u = rng.uniform() * left_sum;
+      int pick = -1;
+      for (int e = 0; e < num_experts; ++e) {
+        if (left[e] <= 0) continue;
+        pick = e;
+        if (u < left[e]) break;
+        u -= left[e];
+      }
+      if (pick < 0) {  // the distribution ran dry (zero-load experts): take any unused one
+        for (int e = 0; e < num_experts && pick < 0; ++e)
+          if (left[e] >= 0) pick = e;
+      }
+      left_sum -= std::max(0.0, left[pick]);
+      left[pick] = -1.0;  // used
+      r.expert_ids[size_t(t) * topk + k] = pick;
+    }
+    // Weights: softmax over seeded logits of the drawn experts (largest logit first).
+    double max_logit = -1e300;
+    for (int k = 0; k < topk; ++k) max_logit = std::max(max_logit, logit[k] = rng.normal());
+    std::sort(logit.begin(), logit.end(), std::greater<>());
+    double sum = 0;
+    for (int k = 0; k < topk; ++k) sum += logit[k] = std::exp(logit[k] - max_logit);
+    for (int k = 0; k < topk; ++k) r.weights[size_t(t) * topk + k] = float(logit[k] / sum);
+    for (int k = 0; k < topk; ++k)
+      if (spec.mask_fraction > 0 && rng.uniform() < spec.mask_fraction)
+        r.expert_ids[size_t(t) * topk + k] = -1;
+  }
+  return r;
+}
+
+}  // namespace comet

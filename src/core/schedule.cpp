@@ -1,0 +1,79 @@
+// Tile schedules (layer0 source-rank order, layer1 column-block-major), comm chunks and the
+// signal model's expected counts.
+#include <algorithm>
+#include <numeric>
+
+#include "comet/plan.h"
+
+namespace comet {
+
+std::vector<MTile> build_m_tiles(const DispatchPlan& plan, int dst, int block_m) {
+  COMET_CHECK(block_m > 0, "block_m must be positive, got " << block_m);
+  std::vector<MTile> tiles;
+  for (int e = 0; e < plan.experts_per_rank(); ++e) {
+    const int begin = plan.expert_row_begin(dst, e);
+    const int end = begin + plan.expert_rows(dst, e);
+    for (int row = begin; row < end; row += block_m) {
+      MTile tile{e, row, std::min(end, row + block_m), 0, 0};
+      // Rows inside an expert are sorted by ring position: first and last row bound the tile.
+      tile.first_source_pos = plan.ring_pos(dst, plan.row_source(dst, tile.row_begin).src_rank);
+      tile.last_source_pos = plan.ring_pos(dst, plan.row_source(dst, tile.row_end - 1).src_rank);
+      tiles.push_back(tile);
+    }
+  }
+  return tiles;
+}
+
+Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst) {
+  Layer0Schedule s;
+  s.rank = dst;
+  s.num_n_blocks = (config.ffn_per_rank() + config.tiles.block_n0 - 1) / config.tiles.block_n0;
+  s.m_tiles = build_m_tiles(plan, dst, config.tiles.block_m);
+  s.order.resize(s.m_tiles.size());
+  std::iota(s.order.begin(), s.order.end(), 0);
+  // Tiles whose rows are all local run first, then those completed by ring position 1, ...
+  // Stable, so ties keep expert-major order.
+  std::stable_sort(s.order.begin(), s.order.end(), [&](int a, int b) {
+    return s.m_tiles[a].last_source_pos < s.m_tiles[b].last_source_pos;
+  });
+  return s;
+}
+
+Layer1Schedule build_layer1_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst) {
+  Layer1Schedule s;
+  s.rank = dst;
+  s.num_col_blocks = config.num_col_blocks1();
+  s.m_tiles = build_m_tiles(plan, dst, config.tiles.block_m);
+  return s;
+}
+
+namespace {
+// Chunks of the send lists peer->rank, peers in rank's ring order (own rank first).
+std::vector<CommChunk> ring_chunks(const DispatchPlan& plan, int rank, int chunk_tokens) {
+  COMET_CHECK(chunk_tokens > 0, "comm chunk size must be positive, got " << chunk_tokens);
+  std::vector<CommChunk> chunks;
+  for (int pos = 0; pos < plan.world(); ++pos) {
+    const int peer = plan.ring_src(rank, pos);
+    const int n = plan.send_count(peer, rank);
+    for (int begin = 0; begin < n; begin += chunk_tokens)
+      chunks.push_back({peer, begin, std::min(n, begin + chunk_tokens)});
+  }
+  return chunks;
+}
+}  // namespace
+
+// Layer0: rank pulls the send list peer->rank. Layer1: rank returns, for the same tokens, one
+// pre-reduced row to the owner peer; both walk the list peer->rank.
+std::vector<CommChunk> build_layer0_comm_chunks(const DispatchPlan& plan, int dst, int chunk_tokens) {
+  return ring_chunks(plan, dst, chunk_tokens);
+}
+
+std::vector<CommChunk> build_layer1_comm_chunks(const DispatchPlan& plan, int rank, int chunk_tokens) {
+  return ring_chunks(plan, rank, chunk_tokens);
+}
+
+int64_t combine_arrivals_expected(const DispatchPlan& plan, int owner, int peer, int num_col_blocks) {
+  return int64_t(plan.send_count(owner, peer)) * num_col_blocks;
+}
+
+}  // namespace comet

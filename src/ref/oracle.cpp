@@ -1,0 +1,95 @@
+// The naive fp64 oracle and output comparison.
+#include "ref/oracle.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/activation.h"
+
+namespace comet::ref {
+
+std::vector<std::vector<double>> oracle_forward(const MoeProblem& p) {
+  const ModelShape& m = p.config.model;
+  p.weights.check(m);
+  const size_t H = m.hidden, F = m.ffn;
+  const bool gated = is_gated(m.activation);
+  std::vector<std::vector<double>> y(p.x.size());
+  std::vector<double> inter(F), gate(F), up(F), down(H);
+  for (size_t r = 0; r < p.x.size(); ++r) {
+    const Routing& rt = p.routing[r];
+    y[r].assign(size_t(rt.num_tokens) * H, 0.0);
+    for (int t = 0; t < rt.num_tokens; ++t) {
+      const float* x = p.x[r].data() + size_t(t) * H;
+      double* out = y[r].data() + size_t(t) * H;
+      for (int k = 0; k < rt.topk; ++k) {
+        const int e = rt.expert(t, k);
+        if (e < 0) continue;
+        const double w = rt.weight(t, k);
+        const float* wg = gated ? p.weights.w_gate.data() + size_t(e) * H * F : nullptr;
+        const float* wu = p.weights.w_up.data() + size_t(e) * H * F;
+        const float* wd = p.weights.w_down.data() + size_t(e) * F * H;
+        // Row-major weights: walk h outside so the inner loop is contiguous.
+        std::fill(gate.begin(), gate.end(), 0.0);
+        std::fill(up.begin(), up.end(), 0.0);
+        for (size_t h = 0; h < H; ++h) {
+          const double xh = x[h];
+          for (size_t f = 0; f < F; ++f) up[f] += xh * wu[h * F + f];
+          if (gated)
+            for (size_t f = 0; f < F; ++f) gate[f] += xh * wg[h * F + f];
+        }
+        for (size_t f = 0; f < F; ++f) inter[f] = core::apply_activation(m.activation, gate[f], up[f]);
+        std::fill(down.begin(), down.end(), 0.0);
+        for (size_t f = 0; f < F; ++f)
+          for (size_t h = 0; h < H; ++h) down[h] += inter[f] * wd[f * H + h];
+        for (size_t h = 0; h < H; ++h) out[h] += w * down[h];
+      }
+    }
+  }
+  return y;
+}
+
+Comparison compare_outputs(const std::vector<std::vector<float>>& got,
+                           const std::vector<std::vector<double>>& want) {
+  COMET_CHECK(got.size() == want.size(),
+              "output has " << got.size() << " ranks, reference has " << want.size());
+  Comparison c;
+  double diff2 = 0, ref2 = 0;
+  for (size_t r = 0; r < got.size(); ++r) {
+    COMET_CHECK(got[r].size() == want[r].size(), "rank " << r << ": output has " << got[r].size()
+                                                          << " values, reference has " << want[r].size());
+    for (size_t i = 0; i < got[r].size(); ++i) {
+      ++c.elements;
+      if (!std::isfinite(got[r][i])) {
+        ++c.non_finite;
+        continue;
+      }
+      const double d = double(got[r][i]) - want[r][i];
+      diff2 += d * d;
+      ref2 += want[r][i] * want[r][i];
+      c.max_abs = std::max(c.max_abs, std::abs(d));
+    }
+  }
+  // An all-zero reference (no routed token anywhere) must be matched exactly.
+  c.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : (diff2 > 0 ? INFINITY : 0.0);
+  return c;
+}
+
+std::string Comparison::describe() const {
+  std::ostringstream os;
+  os.precision(3);
+  os << std::scientific << "rel_l2 " << rel_l2 << ", max_abs " << max_abs << ", non-finite "
+     << non_finite << " of " << elements;
+  return os.str();
+}
+
+double tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 1e-5;
+    case DType::kBF16: return 1e-2;
+    case DType::kF16: return 2e-3;
+  }
+  return 0;
+}
+
+}  // namespace comet::ref

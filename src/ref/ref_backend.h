@@ -1,0 +1,64 @@
+// ref/ref_backend.h: the CPU backend. Each rank is a thread; ranks share a symmetric heap in
+// host memory; inside a rank, every layer is a "launch" of comm workers and compute workers
+// (threads standing in for the GPU's specialized thread blocks) that run the Comet protocol
+// of DESIGN §4 exactly: epoch signals with acquire/release atomics, layer0 tiles waiting for
+// their rows, layer1 column blocks signalled, pre-reduced and pushed to the owner, the owner
+// reducing in fixed rank order, and a timeout on every wait.
+//
+// Thread safety: one forward() at a time per backend object. A failed forward (timeout, bad
+// input) throws comet::Error; the backend resets its signals and stays usable.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "comet/plan.h"
+#include "comet/problem.h"
+
+namespace comet::ref {
+
+enum class StallStage { kNone, kLayer0Comm, kLayer1Comm };
+
+struct RefOptions {
+  int comm_workers = 2;     // n_comm of the CPU backend, per rank and layer
+  int compute_workers = 2;  // GEMM workers per rank and layer
+  int comm_chunk_tokens = 16;
+  std::chrono::milliseconds timeout{5000};  // every wait
+  bool check_inputs = true;                  // report NaN/Inf in x before running
+  // Fault injection for tests: the comm workers of stall_rank do nothing at stall_stage.
+  int stall_rank = -1;
+  StallStage stall_stage = StallStage::kNone;
+};
+
+// Counters of one forward, for reports and tests.
+struct ForwardStats {
+  int64_t rows_landed = 0;       // layer0 rows written into A buffers (all ranks)
+  int64_t tiles_waited = 0;      // layer0 tiles that had to wait for a signal
+  int64_t partial_rows_sent = 0; // layer1 pre-reduced rows pushed (all ranks, all columns / NB)
+};
+
+class RefBackend {
+ public:
+  RefBackend(const LayerConfig& config, const RefOptions& options);
+  ~RefBackend();
+  RefBackend(const RefBackend&) = delete;
+  RefBackend& operator=(const RefBackend&) = delete;
+
+  // Keeps each rank's slice: experts of its EP index, columns/rows of its TP index.
+  void set_weights(const ExpertWeights& weights);
+
+  // x[r] is [T_r][H]; returns y[r] = [T_r][H] (values of the storage dtype, as float).
+  // Throws comet::Error on bad input, TimeoutError when a signal never arrives.
+  std::vector<std::vector<float>> forward(const std::vector<std::vector<float>>& x,
+                                          const std::vector<Routing>& routing);
+
+  const ForwardStats& last_stats() const;
+  const LayerConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace comet::ref
