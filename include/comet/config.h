@@ -29,7 +29,11 @@ struct ModelShape {
   int num_experts = 0;   // E
   int topk = 0;          // experts per token
   Activation activation = Activation::kSwiGlu;
+  // Trailing experts that exist only to make E divisible by EP (qwen2-moe: 60 routed + 4).
+  // They hold weights like any expert, but generated routing never selects them.
+  int padding_experts = 0;
 
+  int routed_experts() const { return num_experts - padding_experts; }
   // Weights of one expert, in elements: gated has Wg and Wu ([H,F] each) and Wd ([F,H]).
   int64_t weights_per_expert() const;
   // Multiply-adds of one (token, expert) row through the whole FFN, times 2 (FLOP).
@@ -39,15 +43,16 @@ struct ModelShape {
   ModelShape scaled_down(int factor) const;
 };
 
-// The smallest power-of-two factor that brings the CPU work of one forward (all ranks, FLOP)
-// under `flop_budget`, scaling H and F first (down to H >= 64) and then tokens. Used by the
-// CPU backend for the large presets; both factors are printed by `comet run`.
+// The smallest power-of-two factors that bring the CPU work of one forward (all ranks, FLOP)
+// under `flop_budget` and the weights of all experts under `weight_value_budget` values,
+// scaling H and F first (down to H >= 64) and then tokens. Used by the CPU backend for the
+// large presets; both factors are printed by `comet run`.
 struct CpuScale {
   int shape_factor = 1;   // H and F divided by this
   int token_factor = 1;   // tokens per rank divided by this
 };
 CpuScale choose_cpu_scale(const ModelShape& model, int world, int tokens_per_rank,
-                          double flop_budget = 2e9);
+                          double flop_budget = 2e9, int64_t weight_value_budget = int64_t(16) << 20);
 
 // The presets of DESIGN §7. names() lists them in table order.
 struct ModelPresets {
@@ -84,11 +89,12 @@ struct LayerConfig {
   int experts_per_rank() const { return model.num_experts / layout.ep; }
   int ffn_per_rank() const { return model.ffn / layout.tp; }
   int expert_owner_ep(int expert) const { return expert / experts_per_rank(); }
-  // Upper bound of rows in a rank's expert-sorted A buffer: every token of every rank may
-  // send one row per local expert it selected (at most min(topk, E/EP) of them).
+  // Rows of a rank's expert-sorted A buffer, a multiple of block_m: every token of every rank
+  // may send one row per local expert it selected (at most min(topk, E/EP) distinct ones),
+  // plus up to block_m - 1 padding rows after each expert's segment.
   int64_t max_rows_per_rank() const;
   int num_col_blocks1() const { return (model.hidden + tiles.block_n1 - 1) / tiles.block_n1; }
-  // Upper bound of layer0 M tiles: each local expert wastes at most one partial tile.
+  // M tiles of the A buffer: max_rows_per_rank() / block_m.
   int64_t max_m_tiles_per_rank() const;
 
   // Why this configuration cannot run, or ok. Checks W = EP*TP, E % EP, F % TP, topk range,

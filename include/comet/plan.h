@@ -8,7 +8,10 @@
 // rank of the expert's EP group is a destination. The send list src->dst holds those tokens
 // in ascending token order. On dst, the expert-sorted buffer A holds one row per
 // (token, slot) routed to a local expert, expert-major; inside an expert the rows are ordered
-// by source rank in dst's ring order (dst, dst+1, ..., dst-1 mod W), then by token.
+// by source rank in dst's ring order (dst, dst+1, ..., dst-1 mod W), then by token. Each
+// expert's segment starts at a multiple of tiles.block_m (padding rows follow a partial last
+// tile), so every M tile belongs to one expert and starts on a tile boundary (the GPU GEMM's
+// TMA loads and stores whole tiles).
 //
 // Layer0 schedule: the M tiles of every local expert, run in order of the latest ring
 // position among their rows, so that tiles fed only by the own rank run first. A tile's
@@ -55,13 +58,18 @@ class DispatchPlan {
   // Position of `token` of src in the send list src->dst, or -1 if not sent there.
   int send_pos(int src, int token, int dst) const { return send_pos_[src][size_t(token) * world_ + dst]; }
 
-  // Rows on dst: total, and the range of local expert e_local (prefix sums over experts).
-  int rows_on_rank(int dst) const { return expert_psum_[dst][experts_per_rank_]; }
+  // Rows on dst: (token, slot) rows held, the buffer extent including padding, and the range
+  // of local expert e_local (segments aligned to row_align()).
+  int rows_on_rank(int dst) const { return real_rows_[dst]; }
+  int row_extent(int dst) const { return expert_psum_[dst][experts_per_rank_]; }
+  int row_align() const { return row_align_; }
   int expert_row_begin(int dst, int e_local) const { return expert_psum_[dst][e_local]; }
   int expert_rows(int dst, int e_local) const {
-    return expert_psum_[dst][e_local + 1] - expert_psum_[dst][e_local];
+    int rows = 0;
+    for (int src = 0; src < world_; ++src) rows += count(src, dst, e_local);
+    return rows;
   }
-  // Where row `row` of dst's A comes from.
+  // Where row `row` of dst's A comes from ({-1, -1, -1} for a padding row).
   const RowSource& row_source(int dst, int row) const { return row_sources_[dst][row]; }
   // Row in the A buffer of dst that (token, slot) of src lands in; -1 if masked or if dst
   // does not hold that slot's expert.
@@ -70,18 +78,19 @@ class DispatchPlan {
   // rows). Appends to `rows`.
   void rows_of_sent_token(int src, int dst, int pos, std::vector<int>& rows) const;
 
-  int64_t total_rows() const;  // sum over ranks of rows_on_rank
+  int64_t total_rows() const;  // sum over ranks of rows_on_rank (padding excluded)
 
  private:
   size_t pair(int src, int dst) const { return size_t(src) * world_ + dst; }
 
-  int world_, tp_, experts_per_rank_, topk_, num_experts_;
+  int world_, tp_, experts_per_rank_, topk_, num_experts_, row_align_;
+  std::vector<int> real_rows_;                    // [dst]
   std::vector<int> num_tokens_;
   std::vector<int> counts_;      // [src][dst][e_local]
   std::vector<int> send_psum_;   // [src*W + dst], W*W+1 entries
   std::vector<int> send_tokens_;
   std::vector<std::vector<int>> send_pos_;        // [src][token*W + dst]
-  std::vector<std::vector<int>> expert_psum_;     // [dst][E/EP + 1]
+  std::vector<std::vector<int>> expert_psum_;     // [dst][E/EP + 1], aligned segment starts
   std::vector<std::vector<RowSource>> row_sources_;  // [dst][row]
   std::vector<std::vector<int>> slot_row_;        // [src][(token*topk + slot)*TP + tp]
   std::vector<std::vector<int32_t>> expert_ids_;  // [src][token*topk + slot]
@@ -121,8 +130,9 @@ std::vector<MTile> build_m_tiles(const DispatchPlan& plan, int dst, int block_m)
 Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst);
 Layer1Schedule build_layer1_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst);
 
-// A piece of communication work: positions [pos_begin, pos_end) of the send list
-// peer->rank (layer0, pulled by rank) or rank->peer (layer1, pushed to peer, the owner).
+// A piece of communication work: positions [pos_begin, pos_end) of the send list peer->rank.
+// Layer0: rank pulls those tokens from peer. Layer1: rank returns one pre-reduced row for
+// each of them to peer, their owner.
 struct CommChunk {
   int peer;
   int pos_begin;

@@ -1,9 +1,10 @@
 // comet/routing.h: which experts each token goes to, with what weight.
 //
 // A Routing holds one rank's decision for its num_tokens tokens: expert_ids and weights are
-// row-major [num_tokens][topk]. An id of -1 masks the slot (its weight is ignored). The same
-// expert twice in one token's slots is allowed and counts twice (the output is a plain sum
-// over slots). Generators are deterministic functions of (spec, seed, rank).
+// row-major [num_tokens][topk]. An id of -1 masks the slot (its weight is ignored). A token
+// selects each expert at most once, as top-k routers do; check() rejects repeats (they would
+// break the buffer bound min(topk, E/EP) rows per token and rank). Generators are
+// deterministic functions of (spec, seed, rank).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,8 @@ struct Routing {
 
   int32_t expert(int token, int slot) const { return expert_ids[size_t(token) * topk + slot]; }
   float weight(int token, int slot) const { return weights[size_t(token) * topk + slot]; }
-  // Throws comet::Error naming (rank, token, slot, id) for an id outside [-1, num_experts),
-  // or a non-finite weight; and a size mismatch.
+  // Throws comet::Error naming (rank, token, slot, id) for an id outside [-1, num_experts), an
+  // expert repeated within a token, or a non-finite weight; and a size mismatch.
   void check(int num_experts, int rank) const;
 };
 

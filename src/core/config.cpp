@@ -43,14 +43,20 @@ ModelShape ModelShape::scaled_down(int factor) const {
 }
 
 CpuScale choose_cpu_scale(const ModelShape& model, int world, int tokens_per_rank,
-                          double flop_budget) {
+                          double flop_budget, int64_t weight_value_budget) {
   CpuScale scale;
+  auto weight_values = [&](int factor) {
+    return int64_t(model.num_experts) * model.scaled_down(factor).weights_per_expert();
+  };
   auto work = [&](const CpuScale& s) {
     const ModelShape m = model.scaled_down(s.shape_factor);
     const double tokens = std::max(1, tokens_per_rank / s.token_factor);
     return double(world) * tokens * model.topk * double(m.flops_per_row());
   };
-  while (work(scale) > flop_budget && model.hidden / (scale.shape_factor * 2) >= 64) {
+  // With few tokens the FLOP fit while the weights stay huge (mixtral: 352M values), so the
+  // weights bound the shape factor too.
+  while ((work(scale) > flop_budget || weight_values(scale.shape_factor) > weight_value_budget) &&
+         model.hidden / (scale.shape_factor * 2) >= 64) {
     scale.shape_factor *= 2;
   }
   while (work(scale) > flop_budget && tokens_per_rank / scale.token_factor > 1) {
@@ -60,13 +66,15 @@ CpuScale choose_cpu_scale(const ModelShape& model, int world, int tokens_per_ran
 }
 
 int64_t LayerConfig::max_rows_per_rank() const {
+  // Routing never repeats an expert within a token (Routing::check), so a token sends at most
+  // min(topk, E/EP) rows to one rank; each expert segment adds at most block_m - 1 padding rows.
   const int64_t per_token = std::min(model.topk, experts_per_rank());
-  return int64_t(layout.world) * max_tokens_per_rank * per_token;
+  const int64_t rows = int64_t(layout.world) * max_tokens_per_rank * per_token +
+                       int64_t(experts_per_rank()) * (tiles.block_m - 1);
+  return (rows + tiles.block_m - 1) / tiles.block_m * tiles.block_m;
 }
 
-int64_t LayerConfig::max_m_tiles_per_rank() const {
-  return (max_rows_per_rank() + tiles.block_m - 1) / tiles.block_m + experts_per_rank();
-}
+int64_t LayerConfig::max_m_tiles_per_rank() const { return max_rows_per_rank() / tiles.block_m; }
 
 Status LayerConfig::validate() const {
   auto fail = [](const std::string& s) { return Status::failure(s); };
@@ -76,8 +84,12 @@ Status LayerConfig::validate() const {
     return fail("model '" + m.name + "' needs positive hidden, ffn and num_experts (got H=" +
                 std::to_string(m.hidden) + ", F=" + std::to_string(m.ffn) +
                 ", E=" + std::to_string(m.num_experts) + ")");
-  if (m.topk < 1 || m.topk > m.num_experts)
-    return fail("topk must be in [1, E=" + std::to_string(m.num_experts) + "], got " + std::to_string(m.topk));
+  if (m.padding_experts < 0 || m.padding_experts >= m.num_experts)
+    return fail("padding experts must be in [0, E=" + std::to_string(m.num_experts) + "), got " +
+                std::to_string(m.padding_experts));
+  if (m.topk < 1 || m.topk > m.routed_experts())
+    return fail("topk must be in [1, routed experts=" + std::to_string(m.routed_experts()) + "], got " +
+                std::to_string(m.topk));
   if (l.ep < 1 || l.tp < 1 || l.world < 1)
     return fail("world, ep and tp must be >= 1 (got W=" + std::to_string(l.world) + ", EP=" +
                 std::to_string(l.ep) + ", TP=" + std::to_string(l.tp) + ")");

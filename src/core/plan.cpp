@@ -12,6 +12,7 @@ DispatchPlan::DispatchPlan(const LayerConfig& config, const std::vector<Routing>
   experts_per_rank_ = config.experts_per_rank();
   topk_ = config.model.topk;
   num_experts_ = config.model.num_experts;
+  row_align_ = config.tiles.block_m;
   const int W = world_;
   const int Epr = experts_per_rank_;
   COMET_CHECK(int(routing.size()) == W, "routing given for " << routing.size()
@@ -62,13 +63,14 @@ DispatchPlan::DispatchPlan(const LayerConfig& config, const std::vector<Routing>
   send_tokens_.reserve(send_psum_.back());
   for (const auto& list : lists) send_tokens_.insert(send_tokens_.end(), list.begin(), list.end());
 
-  // Step 2: expert row ranges on every destination (prefix sums over local experts).
+  // Step 2: expert segments on every destination, each starting on a tile boundary.
   expert_psum_.assign(W, std::vector<int>(Epr + 1, 0));
+  real_rows_.assign(W, 0);
   for (int dst = 0; dst < W; ++dst)
     for (int e = 0; e < Epr; ++e) {
-      int rows = 0;
-      for (int src = 0; src < W; ++src) rows += count(src, dst, e);
-      expert_psum_[dst][e + 1] = expert_psum_[dst][e] + rows;
+      const int rows = expert_rows(dst, e);
+      real_rows_[dst] += rows;
+      expert_psum_[dst][e + 1] = expert_psum_[dst][e] + (rows + row_align_ - 1) / row_align_ * row_align_;
     }
 
   // Step 3: place every (token, slot): per destination, sources in ring order, each source's
@@ -78,7 +80,7 @@ DispatchPlan::DispatchPlan(const LayerConfig& config, const std::vector<Routing>
   for (int src = 0; src < W; ++src) slot_row_[src].assign(size_t(num_tokens_[src]) * topk_ * tp_, -1);
   std::vector<int> cursor(Epr);
   for (int dst = 0; dst < W; ++dst) {
-    row_sources_[dst].resize(rows_on_rank(dst));
+    row_sources_[dst].assign(row_extent(dst), RowSource{-1, -1, -1});
     for (int e = 0; e < Epr; ++e) cursor[e] = expert_psum_[dst][e];
     const int dst_ep = dst / tp_;
     const int dst_tp = dst % tp_;

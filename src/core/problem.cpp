@@ -46,7 +46,7 @@ MoeProblem make_problem(const LayerConfig& config, const std::vector<int>& token
                 "rank " << r << " has " << t << " tokens, outside [0, T_max = "
                         << config.max_tokens_per_rank << "]");
     p.x.push_back(normal_values(size_t(t) * m.hidden, 1.0, config.dtype, derive_seed(seed, 100 + r)));
-    p.routing.push_back(generate_routing(routing, t, m.num_experts, m.topk, seed, r));
+    p.routing.push_back(generate_routing(routing, t, m.routed_experts(), m.topk, seed, r));
   }
   return p;
 }

@@ -44,6 +44,10 @@ void Routing::check(int num_experts, int rank) const {
                           << " out of range [0, " << num_experts << ") (use -1 to mask a slot)");
       COMET_CHECK(e < 0 || std::isfinite(weight(t, k)),
                   "rank " << rank << " token " << t << " slot " << k << ": routing weight is not finite");
+      for (int j = 0; j < k && e >= 0; ++j)
+        COMET_CHECK(expert(t, j) != e, "rank " << rank << " token " << t << ": expert " << e
+                                               << " appears in slots " << j << " and " << k
+                                               << " (each expert at most once per token)");
     }
   }
 }

@@ -100,6 +100,7 @@ class ImplBase {
   virtual void set_weights(const ExpertWeights& weights) = 0;
   virtual std::vector<std::vector<float>> forward(const std::vector<std::vector<float>>& x,
                                                   const std::vector<Routing>& routing) = 0;
+  virtual void set_options(const RefOptions& options) = 0;
   ForwardStats stats;
 };
 
@@ -112,15 +113,23 @@ class TypedImpl final : public ImplBase {
         layout_(config),
         heap_(config.layout.world, layout_.total_bytes()),
         epochs_(config.layout.world) {
+    check_options(options);
+    reset_signals();
+  }
+
+  static void check_options(const RefOptions& options) {
     COMET_CHECK(options.comm_workers >= 1 && options.compute_workers >= 1,
                 "the CPU backend needs at least one comm and one compute worker per rank (got "
                     << options.comm_workers << " and " << options.compute_workers << ")");
     COMET_CHECK(options.comm_chunk_tokens >= 1, "comm_chunk_tokens must be >= 1");
     COMET_CHECK(options.timeout.count() > 0, "timeout must be positive");
-    reset_signals();
   }
 
   void set_weights(const ExpertWeights& w) override;
+  void set_options(const RefOptions& options) override {
+    check_options(options);
+    options_ = options;
+  }
   std::vector<std::vector<float>> forward(const std::vector<std::vector<float>>& x,
                                           const std::vector<Routing>& routing) override;
 
@@ -332,7 +341,7 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
               "rank " << r << ": " << num_tiles << " layer0 tiles exceed the workspace bound");
   const size_t H = config_.model.hidden, Fl = config_.ffn_per_rank();
   const int bn = config_.tiles.block_n0;
-  std::vector<int> tile_of_row(plan.rows_on_rank(r));
+  std::vector<int> tile_of_row(plan.row_extent(r));
   for (int m = 0; m < num_tiles; ++m)
     for (int row = s.m_tiles[m].row_begin; row < s.m_tiles[m].row_end; ++row) tile_of_row[row] = m;
   std::vector<uint64_t>& base = epochs_[r].tile_base;
@@ -545,6 +554,8 @@ std::vector<std::vector<float>> RefBackend::forward(const std::vector<std::vecto
                                                     const std::vector<Routing>& routing) {
   return impl_->typed->forward(x, routing);
 }
+
+void RefBackend::set_options(const RefOptions& options) { impl_->typed->set_options(options); }
 
 const ForwardStats& RefBackend::last_stats() const { return impl_->typed->stats; }
 const LayerConfig& RefBackend::config() const { return impl_->config; }

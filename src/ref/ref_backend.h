@@ -53,6 +53,10 @@ class RefBackend {
   std::vector<std::vector<float>> forward(const std::vector<std::vector<float>>& x,
                                           const std::vector<Routing>& routing);
 
+  // Replaces the options (worker counts, chunk size, timeout, fault injection) from the next
+  // forward on; throws comet::Error for invalid ones.
+  void set_options(const RefOptions& options);
+
   const ForwardStats& last_stats() const;
   const LayerConfig& config() const;
 

@@ -1,0 +1,92 @@
+// cuBLAS baselines for per-expert GEMMs.
+#include <cublas_v2.h>
+
+#include <sstream>
+
+#include "bench/cublas_experts.h"
+#include "cuda/check.h"
+
+#define COMET_CUBLAS_CHECK(call)                                                          \
+  do {                                                                                    \
+    const cublasStatus_t comet_cublas_st_ = (call);                                       \
+    if (comet_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                      \
+      std::ostringstream os;                                                              \
+      os << "cuBLAS error " << cublasGetStatusName(comet_cublas_st_) << " in `" #call "` at " \
+         << __FILE__ << ":" << __LINE__;                                                  \
+      throw ::comet::Error(os.str());                                                     \
+    }                                                                                     \
+  } while (0)
+
+namespace comet::bench {
+
+namespace {
+constexpr size_t kWorkspaceBytes = 64u << 20;
+cublasHandle_t h(void* p) { return static_cast<cublasHandle_t>(p); }
+}  // namespace
+
+CublasExperts::CublasExperts() {
+  cublasHandle_t handle;
+  COMET_CUBLAS_CHECK(cublasCreate(&handle));
+  handle_ = handle;
+  COMET_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  COMET_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace_, kWorkspaceBytes));
+}
+
+CublasExperts::~CublasExperts() {
+  if (device_ptrs_) cudaFree(device_ptrs_);
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasDestroy(h(handle_));
+}
+
+// Row-major C[rows][n] = A[rows][k] * B[n][k]^T is column-major C^T = op_T(B) * A^T:
+// cuBLAS sees m = n, n = rows, with B transposed (the "TN" GEMM).
+void CublasExperts::per_expert_loop(const ExpertGemmShapes& s, const void* a, const void* b, void* c,
+                                    CUstream_st* stream) {
+  COMET_CUBLAS_CHECK(cublasSetStream(h(handle_), stream));
+  const float alpha = 1.f, beta = 0.f;
+  for (size_t e = 0; e < s.rows.size(); ++e) {
+    if (s.rows[e] == 0) continue;
+    const auto* ae = static_cast<const uint16_t*>(a) + size_t(s.offsets[e]) * s.k;
+    const auto* be = static_cast<const uint16_t*>(b) + e * size_t(s.n) * s.k;
+    auto* ce = static_cast<uint16_t*>(c) + size_t(s.offsets[e]) * s.n;
+    COMET_CUBLAS_CHECK(cublasGemmEx(h(handle_), CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.rows[e], s.k, &alpha, be,
+                                    CUDA_R_16BF, s.k, ae, CUDA_R_16BF, s.k, &beta, ce, CUDA_R_16BF, s.n,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+void CublasExperts::prepare_grouped(const ExpertGemmShapes& s, const void* a, const void* b, void* c) {
+  m_.clear(); n_.clear(); k_.clear(); lda_.clear(); ldb_.clear(); ldc_.clear(); group_size_.clear();
+  transa_.clear(); transb_.clear(); alpha_.clear(); beta_.clear();
+  std::vector<void*> ptrs[3];
+  for (size_t e = 0; e < s.rows.size(); ++e) {
+    if (s.rows[e] == 0) continue;
+    m_.push_back(s.n); n_.push_back(s.rows[e]); k_.push_back(s.k);
+    lda_.push_back(s.k); ldb_.push_back(s.k); ldc_.push_back(s.n);
+    group_size_.push_back(1);
+    transa_.push_back(CUBLAS_OP_T); transb_.push_back(CUBLAS_OP_N);
+    alpha_.push_back(1.f); beta_.push_back(0.f);
+    ptrs[0].push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(b) + e * size_t(s.n) * s.k));
+    ptrs[1].push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(a) + size_t(s.offsets[e]) * s.k));
+    ptrs[2].push_back(static_cast<uint16_t*>(c) + size_t(s.offsets[e]) * s.n);
+  }
+  groups_ = int(m_.size());
+  if (device_ptrs_) cudaFree(device_ptrs_);
+  device_ptrs_ = nullptr;
+  if (groups_ == 0) return;
+  COMET_CUDA_CHECK(cudaMalloc(&device_ptrs_, 3 * groups_ * sizeof(void*)));
+  for (int i = 0; i < 3; ++i)
+    COMET_CUDA_CHECK(cudaMemcpy(device_ptrs_ + i * groups_, ptrs[i].data(), groups_ * sizeof(void*), cudaMemcpyHostToDevice));
+}
+
+void CublasExperts::grouped(CUstream_st* stream) {
+  if (groups_ == 0) return;
+  COMET_CUBLAS_CHECK(cublasSetStream(h(handle_), stream));
+  COMET_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+      h(handle_), reinterpret_cast<const cublasOperation_t*>(transa_.data()),
+      reinterpret_cast<const cublasOperation_t*>(transb_.data()), m_.data(), n_.data(), k_.data(), alpha_.data(),
+      device_ptrs_, CUDA_R_16BF, lda_.data(), device_ptrs_ + groups_, CUDA_R_16BF, ldb_.data(), beta_.data(),
+      device_ptrs_ + 2 * groups_, CUDA_R_16BF, ldc_.data(), groups_, group_size_.data(), CUBLAS_COMPUTE_32F));
+}
+
+}  // namespace comet::bench

@@ -1,0 +1,41 @@
+// bench/gemm_bench.h: `comet bench gemm`: our grouped GEMM (GEMM0 + SwiGLU, GEMM1) against
+// cuBLAS on the per-rank expert shapes of each preset, in one process, verified.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace comet::bench {
+
+struct GemmBenchOptions {
+  std::vector<std::string> models;           // empty: every preset
+  std::vector<int> tokens{2048, 4096, 8192};  // tokens per rank
+  int ep = 8;
+  int iters = 30;
+  double warmup_ms = 300;
+  uint64_t seed = 1;
+};
+
+struct GemmBenchRow {
+  std::string model, gemm;  // gemm: "gemm0+swiglu" or "gemm1"
+  int tokens = 0, experts = 0, rows = 0, n = 0, k = 0;
+  double flop = 0;
+  double ours_us = 0, cublas_loop_us = 0, cublas_grouped_us = 0;
+  double max_rel_err = 0;  // ours vs cuBLAS on sampled elements
+  bool verified = false;
+  double ours_tflops() const { return flop / ours_us * 1e-6; }
+  double cublas_best_us() const { return std::min(cublas_loop_us, cublas_grouped_us); }
+  double cublas_tflops() const { return flop / cublas_best_us() * 1e-6; }
+  double ratio() const { return cublas_best_us() / ours_us; }
+};
+
+using Progress = std::function<void(int done, int total, const std::string& what)>;
+
+std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& options, const Progress& progress);
+void print_gemm_table(const std::vector<GemmBenchRow>& rows, std::ostream& os);
+std::string gemm_rows_json(const std::vector<GemmBenchRow>& rows);
+
+}  // namespace comet::bench

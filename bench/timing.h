@@ -1,0 +1,66 @@
+// bench/timing.h: CUDA-event timing of interleaved variants, reported as medians.
+//
+// Method (docs/benchmarking.md): variants of one measurement run interleaved, each launch
+// between its own pair of events, after a warm-up long enough to reach sustained clocks (the
+// H200 runs at its power cap under GEMM load; a kernel timed right after idle reads high).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+
+namespace comet::bench {
+
+struct Variant {
+  std::string name;
+  std::function<void(cudaStream_t)> launch;
+};
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Runs every variant round-robin: warm-up for at least `warmup_ms`, then `iters` timed rounds.
+// Returns the median microseconds of each variant, in order.
+inline std::vector<double> time_interleaved(const std::vector<Variant>& variants, cudaStream_t stream,
+                                            int iters, double warmup_ms) {
+  const auto start = std::chrono::steady_clock::now();
+  do {
+    for (const auto& v : variants) v.launch(stream);
+    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < warmup_ms);
+  std::vector<cudaEvent_t> events(2 * variants.size() * iters);
+  for (auto& e : events) COMET_CUDA_CHECK(cudaEventCreate(&e));
+  for (int it = 0; it < iters; ++it)
+    for (size_t v = 0; v < variants.size(); ++v) {
+      const size_t i = 2 * (it * variants.size() + v);
+      COMET_CUDA_CHECK(cudaEventRecord(events[i], stream));
+      variants[v].launch(stream);
+      COMET_CUDA_CHECK(cudaEventRecord(events[i + 1], stream));
+    }
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> medians;
+  for (size_t v = 0; v < variants.size(); ++v) {
+    std::vector<double> us;
+    for (int it = 0; it < iters; ++it) {
+      const size_t i = 2 * (it * variants.size() + v);
+      float ms = 0;
+      COMET_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+      us.push_back(ms * 1e3);
+    }
+    medians.push_back(median(us));
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  return medians;
+}
+
+}  // namespace comet::bench

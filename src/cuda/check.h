@@ -1,0 +1,24 @@
+// cuda/check.h: every CUDA runtime and cuBLAS call goes through these; a failure throws
+// comet::Error with the call, file:line and the runtime's message.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <sstream>
+
+#include "comet/error.h"
+
+#define COMET_CUDA_CHECK(call)                                                              \
+  do {                                                                                      \
+    const cudaError_t comet_cuda_err_ = (call);                                             \
+    if (comet_cuda_err_ != cudaSuccess) {                                                   \
+      std::ostringstream comet_cuda_os_;                                                    \
+      comet_cuda_os_ << "CUDA error " << cudaGetErrorName(comet_cuda_err_) << " ("           \
+                     << cudaGetErrorString(comet_cuda_err_) << ") in `" #call "` at "       \
+                     << __FILE__ << ":" << __LINE__;                                        \
+      throw ::comet::Error(comet_cuda_os_.str());                                           \
+    }                                                                                       \
+  } while (0)
+
+// After a kernel launch: catches bad launch configurations at once.
+#define COMET_CUDA_CHECK_LAUNCH() COMET_CUDA_CHECK(cudaGetLastError())

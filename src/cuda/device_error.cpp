@@ -1,0 +1,29 @@
+// Host-side description of a kernel's timeout record.
+#include "cuda/device_error.h"
+
+#include <sstream>
+
+namespace comet::cuda {
+
+const char* wait_role_name(WaitRole role) {
+  switch (role) {
+    case WaitRole::kNone: return "none";
+    case WaitRole::kGemmTileInput: return "GEMM tile input (rows of an M tile)";
+    case WaitRole::kCommColumnBlock: return "layer1 column block completion";
+    case WaitRole::kCommArrivals: return "partial rows from a peer";
+    case WaitRole::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+std::string describe(const DeviceError& e) {
+  std::ostringstream os;
+  if (!e.claimed) return "no error";
+  if (e.rank >= 0) os << "rank " << e.rank << " ";
+  if (e.layer >= 0) os << "layer" << e.layer << " ";
+  os << "block " << e.block << ": timed out waiting for " << wait_role_name(WaitRole(e.role))
+     << ", signal " << e.signal << " >= " << e.expected << ", observed " << e.observed;
+  return os.str();
+}
+
+}  // namespace comet::cuda

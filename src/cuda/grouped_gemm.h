@@ -1,0 +1,113 @@
+// cuda/grouped_gemm.h: the persistent, warp-specialized Hopper grouped GEMM over the experts of
+// one rank, whose tile order, waits and signals the caller controls (DESIGN §4).
+//
+// Layouts (bf16, row-major, K contiguous everywhere so both operands are K-major for wgmma):
+//   A  [max_rows][k]        expert-sorted rows; expert e's rows start at a multiple of
+//                           kGemmBlockM (padded segments, see expert_row_offsets())
+//   B  [E][n_b][k]          per-expert weight, "N x K" (the transpose of x W's W)
+//                           identity epilogue: n_b = n
+//                           SwiGLU: n_b = 2 * round_up(n, kSwiGluHalf); for column block j,
+//                           rows [j*2*half, j*2*half + half) are gate columns j*half.. and the
+//                           next `half` rows the matching up columns (pack_swiglu_weights())
+//   D  [max_rows][n]        output (SwiGLU: silu(gate) * up, n columns)
+// Schedule: `tiles` holds GemmTile entries in run order (built on the device by
+// build_gemm_tiles, or by the layer's metadata kernel); `num_tiles` is read on the device, so
+// no host synchronization is needed and the launch can be captured in a CUDA graph.
+// Block b of the G GEMM blocks runs tiles b, b+G, b+2G, ...
+//
+// Optional signals: before loading A for a tile, the producer waits until
+// wait_flags[tile.signal] >= wait_targets[tile.signal] (acquire, timeout -> error record).
+// After storing a tile, its warpgroup adds 1 to done_flags[tile.n_block] (release).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comet/error.h"
+#include "cuda/device_error.h"
+
+struct CUstream_st;
+
+namespace comet::cuda {
+
+inline constexpr int kGemmBlockM = 128;   // rows per tile; expert segments align to it
+inline constexpr int kSwiGluHalf = 128;   // output columns per SwiGLU tile (B tile = 2x)
+
+enum class GemmEpilogue : int32_t { kIdentity, kSwiGlu };
+
+// One unit of work: rows [m_row, m_row + kGemmBlockM) of A, output column block n_block of
+// expert `expert`; `signal` indexes wait_flags/wait_targets (ignored without them).
+struct alignas(16) GemmTile {
+  int32_t m_row;
+  int32_t n_block;
+  int32_t expert;
+  int32_t signal;
+};
+
+// Both orders walk the (M tile, column block) grid in groups so that the ~132 tiles in flight
+// share few A row blocks and few B column blocks (L2 reuse: a wave of 16 M tiles x 8 column
+// blocks reads about half the bytes of 66 x 2, and a quarter of 2 x 66).
+enum class TileOrder : int32_t {
+  // layer0: groups of kRasterGroupM M tiles (expert-major, in schedule order); inside a group,
+  // column block outer and M tile inner. Group g completes before group g + 2 starts.
+  kRowMajor,
+  // layer1: groups of kRasterGroupN column blocks; inside a group, M tile outer and column
+  // block inner. Column block group j completes before group j + 2 starts.
+  kColumnBlockMajor,
+};
+inline constexpr int kRasterGroupM = 16;
+inline constexpr int kRasterGroupN = 8;
+
+struct GroupedGemmArgs {
+  GemmEpilogue epilogue = GemmEpilogue::kIdentity;
+  int num_experts = 0;
+  int max_rows = 0;  // rows allocated in A and D
+  int n = 0;         // output columns
+  int k = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  const GemmTile* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;
+  const uint64_t* wait_flags = nullptr;
+  const uint64_t* wait_targets = nullptr;
+  uint64_t* done_flags = nullptr;
+  uint64_t* tile_end_ns = nullptr;  // optional: %globaltimer when each tile was stored
+  DeviceError* error = nullptr;     // required
+  uint64_t timeout_ns = 5'000'000'000ull;
+  int num_blocks = 0;               // 0: one per SM
+  int rank = -1;                    // for error records
+  int layer = -1;
+};
+
+// Columns of B for this epilogue (see the layout above).
+int gemm_b_rows(GemmEpilogue epilogue, int n);
+// Column blocks of the output (the n_block range of the schedule).
+int gemm_num_n_blocks(GemmEpilogue epilogue, int n);
+// Whether the kernel can run these shapes, and why not.
+Status can_implement(const GroupedGemmArgs& args);
+// Launch (asynchronous on `stream`). Throws comet::Error if !can_implement.
+void run_grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream);
+// Shared memory and threads of one block (for occupancy checks and fused kernels).
+int grouped_gemm_smem_bytes(GemmEpilogue epilogue);
+
+// Padded row offsets of expert segments: offsets[e] = sum_{e'<e} round_up(rows[e'], kGemmBlockM).
+std::vector<int> expert_row_offsets(const std::vector<int>& rows_per_expert);
+// Upper bound of GEMM tiles for a schedule capacity computation.
+int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks);
+
+// Device-side schedule: from rows_per_expert[E] (device), writes tiles and *num_tiles.
+// `capacity` bounds the tiles written (the kernel records an error past it).
+void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks,
+                      TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
+                      CUstream_st* stream);
+
+// Host helper: pack gate [E][k][n] and up [E][k][n] (row-major, x W convention) into the
+// SwiGLU B layout above, as bf16 bits. The plain weight [E][k][n] -> [E][n][k] transpose
+// uses transpose_weights().
+std::vector<uint16_t> pack_swiglu_weights(const std::vector<float>& gate, const std::vector<float>& up,
+                                          int num_experts, int k, int n);
+std::vector<uint16_t> transpose_weights(const std::vector<float>& w, int num_experts, int k, int n);
+
+}  // namespace comet::cuda

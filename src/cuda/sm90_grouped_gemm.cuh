@@ -1,0 +1,273 @@
+// cuda/sm90_grouped_gemm.cuh: the persistent, warp-specialized grouped GEMM kernel (Hopper).
+//
+// Structure of one 384-thread block (one block per SM, persistent):
+//   warpgroup 0, warp 0   producer: for each tile of this block, optionally acquire-wait on the
+//                         tile's signal, then TMA-load the A and B k-tiles into a ring of
+//                         shared-memory stages (CUTLASS's PipelineTmaAsync)
+//   warpgroups 1 and 2    consumers, cooperative: both run wgmma on every tile (64 rows each of
+//                         the 128-row tile) through CUTLASS's sm90 TMA/GMMA mainloop collective,
+//                         then apply the epilogue from registers and store bf16 to global memory;
+//                         optionally release-add the tile's column-block signal
+// The collective supplies the mainloop (smem layouts, TMA atoms, wgmma issue and pipeline
+// waits); the kernel owns the persistent loop: which tile next, when to wait, when to signal.
+//
+// Assumptions: A's expert segments start at multiples of kTileM (the schedule guarantees
+// it), so a tile's rows belong to one expert; rows past an expert's end inside its last tile
+// are padding and produce padding output rows. K and N tails are zero-filled by TMA.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "cuda/grouped_gemm.h"
+#include "cuda/signal.cuh"
+
+namespace comet::cuda::sm90 {
+
+using namespace cute;
+
+template <GemmEpilogue kEpilogue, int kTileM_, int kTileN_, int kTileK_>
+struct GroupedGemmKernel {
+  static constexpr int kTileM = kTileM_;
+  static constexpr int kTileN = kTileN_;  // columns of B per tile
+  static constexpr int kTileK = kTileK_;
+  static constexpr int kOutN = kEpilogue == GemmEpilogue::kSwiGlu ? kTileN / 2 : kTileN;
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr uint32_t kProducerRegs = 40;
+  static constexpr uint32_t kConsumerRegs = 232;
+
+  using Element = cutlass::bfloat16_t;
+  using TileShape = Shape<Int<kTileM>, Int<kTileN>, Int<kTileK>>;
+  using ClusterShape = Shape<_1, _1, _1>;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, cutlass::layout::RowMajor, 8,     // A: [M][K], K contiguous
+      Element, cutlass::layout::ColumnMajor, 8,  // B: [N][K], K contiguous
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<256>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  using StrideA = typename Mainloop::StrideA;
+  using StrideB = typename Mainloop::StrideB;
+  static_assert(size(TiledMma{}) == kConsumerThreads, "two consumer warpgroups expected");
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    int max_rows, n, n_b, k, num_experts, k_tiles;
+    __nv_bfloat16* d;
+    const GemmTile* tiles;
+    const int32_t* num_tiles;
+    const uint64_t* wait_flags;
+    const uint64_t* wait_targets;
+    uint64_t* done_flags;
+    uint64_t* tile_end_ns;
+    DeviceError* error;
+    uint64_t timeout_ns;
+    int rank, layer;
+  };
+
+  static Params make_params(const GroupedGemmArgs& args) {
+    Params p{};
+    const int n_b = gemm_b_rows(kEpilogue, args.n);
+    auto* a = reinterpret_cast<const typename Mainloop::InternalElementA*>(args.a);
+    auto* b = reinterpret_cast<const typename Mainloop::InternalElementB*>(args.b);
+    // A as one (M, K, 1) tensor; B as (N, K, E) with the expert as the batch mode.
+    Tensor ta = make_tensor(a, make_layout(make_shape(args.max_rows, args.k, 1),
+                                           StrideA{int64_t(args.k), _1{}, int64_t(args.max_rows) * args.k}));
+    Tensor tb = make_tensor(b, make_layout(make_shape(n_b, args.k, args.num_experts),
+                                           StrideB{int64_t(args.k), _1{}, int64_t(n_b) * args.k}));
+    p.mainloop.tma_load_a = make_tma_copy_A_sm90(typename Mainloop::GmemTiledCopyA{}, ta,
+                                                 typename Mainloop::SmemLayoutA{}(_, _, 0), TileShape{}, ClusterShape{});
+    p.mainloop.tma_load_b = make_tma_copy_B_sm90(typename Mainloop::GmemTiledCopyB{}, tb,
+                                                 typename Mainloop::SmemLayoutB{}(_, _, 0), TileShape{}, ClusterShape{});
+    p.mainloop.tma_transaction_bytes = Mainloop::TmaTransactionBytes;
+    p.mainloop.tma_transaction_bytes_mk = Mainloop::TmaTransactionBytesMK;
+    p.mainloop.tma_transaction_bytes_nk = Mainloop::TmaTransactionBytesNK;
+    p.max_rows = args.max_rows;
+    p.n = args.n;
+    p.n_b = n_b;
+    p.k = args.k;
+    p.num_experts = args.num_experts;
+    p.k_tiles = (args.k + kTileK - 1) / kTileK;
+    p.d = reinterpret_cast<__nv_bfloat16*>(args.d);
+    p.tiles = args.tiles;
+    p.num_tiles = args.num_tiles;
+    p.wait_flags = args.wait_flags;
+    p.wait_targets = args.wait_targets;
+    p.done_flags = args.done_flags;
+    p.tile_end_ns = args.tile_end_ns;
+    p.error = args.error;
+    p.timeout_ns = args.timeout_ns;
+    p.rank = args.rank;
+    p.layer = args.layer;
+    return p;
+  }
+
+  // The GEMM part of a persistent block: `gemm_block` of `num_gemm_blocks` GEMM blocks. Fused
+  // kernels call this from the blocks they give to the GEMM; all 384 threads must enter.
+  static __device__ void run_block(const Params& p, int gemm_block, int num_gemm_blocks, char* smem) {
+    SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
+    const int thread_idx = int(threadIdx.x);
+    const int warp_group = thread_idx / 128;
+    const int warp_in_group = (thread_idx / 32) % 4;
+
+    if (thread_idx == 0) Mainloop::prefetch_tma_descriptors(p.mainloop);
+
+    typename Pipeline::Params pipe_params;
+    pipe_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    pipe_params.is_leader = (thread_idx % 128) == 0 && warp_group == 0;
+    pipe_params.num_consumers = kConsumerThreads;
+    pipe_params.num_producers = 1;
+    pipe_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+    Pipeline pipeline(shared.pipeline, pipe_params, ClusterShape{});
+    __syncthreads();  // barriers initialized before anyone waits on them
+
+    const int num_tiles = *p.num_tiles;
+
+    if (warp_group == 0) {
+      // Step 1 (producer): the other three warps give their registers away and leave.
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if (warp_in_group != 0) return;
+      produce(p, shared, pipeline, gemm_block, num_gemm_blocks, num_tiles);
+      return;
+    }
+
+    // Step 2 (consumers): mainloop through the collective, then our epilogue.
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    const int mma_thread = thread_idx - 128;
+    Mainloop mainloop;
+    PipelineState read_state;
+    TiledMma tiled_mma;
+    for (int t = gemm_block; t < num_tiles; t += num_gemm_blocks) {
+      const GemmTile tile = p.tiles[t];
+      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+      mainloop.mma(pipeline, read_state, accum, p.k_tiles, mma_thread, shared.tensors, p.mainloop);
+      mainloop.mma_tail(pipeline, read_state, p.k_tiles);
+      read_state.advance(p.k_tiles);
+      store_tile(p, tile, tiled_mma, accum, mma_thread);
+      if (p.done_flags != nullptr || p.tile_end_ns != nullptr) {
+        // All 256 consumer threads have stored; one publishes (release) for the whole tile.
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, 1);
+        if (mma_thread == 0) {
+          __threadfence();
+          if (p.done_flags != nullptr) red_release_gpu(p.done_flags + tile.n_block, 1);
+          if (p.tile_end_ns != nullptr) p.tile_end_ns[t] = globaltimer_ns();
+        }
+      }
+    }
+  }
+
+  static __device__ void produce(const Params& p, SharedStorage& shared, Pipeline& pipeline, int gemm_block,
+                                 int num_gemm_blocks, int num_tiles) {
+    Tensor mA = p.mainloop.tma_load_a.get_tma_tensor(make_shape(p.max_rows, p.k, 1));
+    Tensor mB = p.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n_b, p.k, p.num_experts));
+    Tensor gA = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});  // (BM,BK,m,k,l)
+    Tensor gB = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});  // (BN,BK,n,k,l)
+    Tensor sA = make_tensor(make_smem_ptr(shared.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(shared.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+    auto tma_a = p.mainloop.tma_load_a.get_slice(0);
+    auto tma_b = p.mainloop.tma_load_b.get_slice(0);
+    Tensor tAsA = tma_a.partition_D(sA);
+    Tensor tBsB = tma_b.partition_D(sB);
+    PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
+    const bool leader = cute::elect_one_sync();
+    for (int t = gemm_block; t < num_tiles; t += num_gemm_blocks) {
+      const GemmTile tile = p.tiles[t];
+      if (leader && p.wait_flags != nullptr) {
+        const WaitSite site{p.rank, p.layer, WaitRole::kGemmTileInput, tile.signal};
+        wait_at_least(p.wait_flags + tile.signal, p.wait_targets[tile.signal], p.timeout_ns, p.error, site);
+        fence_proxy_async_global();  // rows written by generic stores, read by TMA below
+      }
+      __syncwarp();
+      Tensor tAgA = tma_a.partition_S(gA(_, _, tile.m_row / kTileM, _, 0));      // (TMA,TMA_M,TMA_K,k)
+      Tensor tBgB = tma_b.partition_S(gB(_, _, tile.n_block, _, tile.expert));  // (TMA,TMA_N,TMA_K,k)
+      if (leader) {
+        for (int k = 0; k < p.k_tiles; ++k) {
+          pipeline.producer_acquire(write_state);
+          auto* barrier = pipeline.producer_get_barrier(write_state);
+          const int stage = write_state.index();
+          copy(p.mainloop.tma_load_a.with(*barrier, 0), tAgA(_, _, _, k), tAsA(_, _, _, stage));
+          copy(p.mainloop.tma_load_b.with(*barrier, 0), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+          ++write_state;
+        }
+      }
+      __syncwarp();
+    }
+    if (leader) pipeline.producer_tail(write_state);
+  }
+
+  // Registers -> bf16 global stores. The accumulator fragment of a wgmma warpgroup holds, per
+  // thread, column pairs (c, c+1) in groups of 8 columns; with B packed as [gate half | up
+  // half] per tile, the up value of gate column c sits kTileN/2 columns later in the same
+  // thread's fragment, at a fixed index distance (checked against the coordinates below).
+  template <class Accum>
+  static __device__ void store_tile(const Params& p, const GemmTile& tile, const TiledMma& tiled_mma,
+                                    const Accum& accum, int mma_thread) {
+    auto thr_mma = tiled_mma.get_slice(mma_thread);
+    Tensor coord = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
+    const int col0 = tile.n_block * kOutN;
+    __nv_bfloat16* out = p.d + int64_t(tile.m_row) * p.n + col0;
+    if constexpr (kEpilogue == GemmEpilogue::kIdentity) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 2) {
+        const int r = get<0>(coord(i)), c = get<1>(coord(i));
+        if (tile.m_row + r < p.max_rows && col0 + c < p.n) {
+          *reinterpret_cast<__nv_bfloat162*>(out + int64_t(r) * p.n + c) =
+              __floats2bfloat162_rn(accum(i), accum(i + 1));
+        }
+      }
+    } else {
+      // Gate values are the fragment entries whose column is below kTileN/2.
+      static_assert(decltype(size<2>(accum))::value == 1, "one MMA atom across the tile's N expected");
+      static_assert(decltype(size<0>(accum))::value == kTileN / 2, "((2,2,N/8), M, 1) accumulator expected");
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 2) {
+        const int r = get<0>(coord(i)), c = get<1>(coord(i));
+        if (c >= kOutN) continue;
+        const int j = partner_index(i);
+        const float g0 = accum(i), g1 = accum(i + 1), u0 = accum(j), u1 = accum(j + 1);
+        const float h0 = g0 / (1.f + __expf(-g0)) * u0;
+        const float h1 = g1 / (1.f + __expf(-g1)) * u1;
+        if (tile.m_row + r < p.max_rows && col0 + c < p.n) {
+          *reinterpret_cast<__nv_bfloat162*>(out + int64_t(r) * p.n + c) = __floats2bfloat162_rn(h0, h1);
+        }
+      }
+    }
+  }
+
+  // Index of the up value paired with gate index i. The fragment is ((2,2,N/8), MMA_M, 1): the
+  // column-group mode (N/8 groups, stride 4 in the flat index) is the only one that moves
+  // columns by 8, so half the groups later is i + 4 * (N/16) within the same MMA_M slice.
+  static __device__ __forceinline__ int partner_index(int i) {
+    constexpr int kGroups = kTileN / 8;
+    constexpr int kPerSlice = 4 * kGroups;  // values per MMA_M slice
+    const int slice = i / kPerSlice, within = i % kPerSlice;
+    return slice * kPerSlice + within + 4 * (kGroups / 2);
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ typename Kernel::Params p) {
+  extern __shared__ __align__(128) char smem[];
+  Kernel::run_block(p, int(blockIdx.x), int(gridDim.x), smem);
+}
+
+}  // namespace comet::cuda::sm90

@@ -1,0 +1,457 @@
+// GPU tests of the Hopper grouped GEMM (label `gpu`): numerics against a double-precision
+// CPU oracle (sampled) and a naive GPU reference (every element), the device tile builder,
+// signal waits, timeouts and column-block signals.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "comet/config.h"
+#include "comet/dtype.h"
+#include "comet/routing.h"
+#include "cuda/grouped_gemm.h"
+#include "cuda/signal.cuh"
+#include "gpu_test_util.h"
+
+namespace comet::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+
+struct GemmCase {
+  std::string name;
+  GemmEpilogue epilogue;
+  int k, n;
+  std::vector<int> rows;  // per expert
+  uint64_t seed;
+  std::string describe() const {
+    std::ostringstream os;
+    os << name << " epilogue=" << (epilogue == GemmEpilogue::kSwiGlu ? "swiglu" : "identity") << " K=" << k
+       << " N=" << n << " E=" << rows.size() << " rows=[";
+    for (size_t e = 0; e < rows.size() && e < 12; ++e) os << (e ? "," : "") << rows[e];
+    if (rows.size() > 12) os << ",...";
+    os << "] seed=" << seed;
+    return os.str();
+  }
+};
+
+// Naive reference on the GPU: one thread per output element, fp32 accumulation over K in
+// order, reading the same packed B layout as the kernel.
+__global__ void reference_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d, const int* row_expert,
+                                 int rows, int n, int k, int n_b, int swiglu) {
+  const int row = blockIdx.y;
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= rows || col >= n) return;
+  const int e = row_expert[row];
+  if (e < 0) return;
+  const __nv_bfloat16* arow = a + size_t(row) * k;
+  if (!swiglu) {
+    const __nv_bfloat16* brow = b + (size_t(e) * n_b + col) * k;
+    float acc = 0;
+    for (int i = 0; i < k; ++i) acc += __bfloat162float(arow[i]) * __bfloat162float(brow[i]);
+    d[size_t(row) * n + col] = acc;
+  } else {
+    const int block = col / kSwiGluHalf, within = col % kSwiGluHalf;
+    const __nv_bfloat16* g = b + (size_t(e) * n_b + size_t(block) * 2 * kSwiGluHalf + within) * k;
+    const __nv_bfloat16* u = g + size_t(kSwiGluHalf) * k;
+    float ga = 0, ua = 0;
+    for (int i = 0; i < k; ++i) {
+      const float x = __bfloat162float(arow[i]);
+      ga += x * __bfloat162float(g[i]);
+      ua += x * __bfloat162float(u[i]);
+    }
+    d[size_t(row) * n + col] = ga / (1.f + expf(-ga)) * ua;
+  }
+}
+
+struct GemmProblem {
+  GemmCase c;
+  std::vector<int> offsets;            // padded expert offsets
+  int max_rows = 0;
+  std::vector<float> a_vals;           // [max_rows][k] (padding rows random too)
+  std::vector<float> w0, w1;           // x W convention [E][k][n]: gate/up or the plain weight
+  std::vector<uint16_t> a_bits, b_bits;
+  std::vector<int> row_expert;         // -1 for padding rows
+};
+
+GemmProblem make_gemm_problem(const GemmCase& c) {
+  GemmProblem p{c};
+  const int E = int(c.rows.size());
+  p.offsets = expert_row_offsets(c.rows);
+  p.max_rows = std::max(kGemmBlockM, p.offsets.back());
+  Rng rng(c.seed);
+  // Values are small integers times a power of two: products and short sums are exact in
+  // fp32, so the reference and the kernel differ only by summation order on long K.
+  auto value = [&](double scale) { return float(std::round(rng.normal() * 2.0) * scale); };
+  p.a_vals.resize(size_t(p.max_rows) * c.k);
+  for (float& v : p.a_vals) v = value(0.25);
+  const double wscale = 1.0 / std::sqrt(double(c.k));
+  p.w0.resize(size_t(E) * c.k * c.n);
+  for (float& v : p.w0) v = round_to(DType::kBF16, value(wscale));
+  p.w1.resize(size_t(E) * c.k * c.n);
+  for (float& v : p.w1) v = round_to(DType::kBF16, value(wscale));
+  p.a_bits.resize(p.a_vals.size());
+  for (size_t i = 0; i < p.a_vals.size(); ++i) p.a_bits[i] = float_to_bf16_bits(p.a_vals[i]);
+  p.b_bits = c.epilogue == GemmEpilogue::kSwiGlu ? pack_swiglu_weights(p.w0, p.w1, E, c.k, c.n)
+                                                 : transpose_weights(p.w0, E, c.k, c.n);
+  p.row_expert.assign(p.max_rows, -1);
+  for (int e = 0; e < E; ++e)
+    for (int r = 0; r < c.rows[e]; ++r) p.row_expert[p.offsets[e] + r] = e;
+  return p;
+}
+
+// Double-precision oracle for one output element (x W convention weights).
+double oracle_element(const GemmProblem& p, int row, int col) {
+  const int e = p.row_expert[row];
+  const size_t per = size_t(p.c.k) * p.c.n;
+  double g = 0, u = 0;
+  for (int i = 0; i < p.c.k; ++i) {
+    const double x = p.a_vals[size_t(row) * p.c.k + i];
+    g += x * p.w0[e * per + size_t(i) * p.c.n + col];
+    u += x * p.w1[e * per + size_t(i) * p.c.n + col];
+  }
+  if (p.c.epilogue == GemmEpilogue::kIdentity) return g;
+  return g / (1.0 + std::exp(-g)) * u;
+}
+
+struct GemmRun {
+  std::vector<uint16_t> d;
+  std::vector<float> reference;
+  DeviceError error;
+  int num_tiles = 0;
+};
+
+struct SignalSetup {
+  std::vector<uint64_t> flags, targets;  // per signal (= global M tile)
+};
+
+GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signals = nullptr,
+                 uint64_t timeout_ns = 2'000'000'000ull) {
+  const GemmCase& c = p.c;
+  const int E = int(c.rows.size());
+  DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
+  DeviceBuffer<int32_t> rows(std::vector<int32_t>(c.rows.begin(), c.rows.end()));
+  const int nb = gemm_num_n_blocks(c.epilogue, c.n);
+  const int64_t capacity = max_gemm_tiles(p.max_rows, E, nb);
+  DeviceBuffer<GemmTile> tiles(capacity);
+  DeviceBuffer<int32_t> num_tiles(1);
+  DeviceBuffer<DeviceError> error(1);
+  error.zero();
+  d.poison();
+  build_gemm_tiles(rows.get(), E, nb, order, tiles.get(), num_tiles.get(), capacity, nullptr);
+  GroupedGemmArgs args;
+  args.epilogue = c.epilogue;
+  args.num_experts = E;
+  args.max_rows = p.max_rows;
+  args.n = c.n;
+  args.k = c.k;
+  args.a = a.get();
+  args.b = b.get();
+  args.d = d.get();
+  args.tiles = tiles.get();
+  args.num_tiles = num_tiles.get();
+  args.error = error.get();
+  args.timeout_ns = timeout_ns;
+  DeviceBuffer<uint64_t> flags, targets;
+  if (signals) {
+    flags = DeviceBuffer<uint64_t>(signals->flags);
+    targets = DeviceBuffer<uint64_t>(signals->targets);
+    args.wait_flags = flags.get();
+    args.wait_targets = targets.get();
+  }
+  run_grouped_gemm(args, nullptr);
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  GemmRun out;
+  out.d = d.download();
+  out.error = error.download()[0];
+  out.num_tiles = num_tiles.download()[0];
+  DeviceBuffer<float> ref(size_t(p.max_rows) * c.n);
+  DeviceBuffer<int32_t> row_expert(std::vector<int32_t>(p.row_expert.begin(), p.row_expert.end()));
+  dim3 grid((c.n + 127) / 128, p.max_rows);
+  reference_kernel<<<grid, 128>>>(reinterpret_cast<const __nv_bfloat16*>(a.get()),
+                                  reinterpret_cast<const __nv_bfloat16*>(b.get()), ref.get(), row_expert.get(),
+                                  p.max_rows, c.n, c.k, gemm_b_rows(c.epilogue, c.n), c.epilogue == GemmEpilogue::kSwiGlu);
+  COMET_CUDA_CHECK_LAUNCH();
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  out.reference = ref.download();
+  return out;
+}
+
+// Every real row fully written and close to the GPU reference; sampled elements close to the
+// fp64 oracle. bf16 output: one rounding (2^-9 relative) plus fp32 summation-order noise, so a
+// per-element bound of 1e-2 * |ref| + 1e-2 * rms(ref) and a relative L2 bound of 5e-3.
+void check_run(const GemmProblem& p, const GemmRun& run) {
+  const GemmCase& c = p.c;
+  double diff2 = 0, ref2 = 0, sum2 = 0;
+  int64_t count = 0;
+  for (int row = 0; row < p.max_rows; ++row) {
+    if (p.row_expert[row] < 0) continue;
+    for (int col = 0; col < c.n; ++col) sum2 += double(run.reference[size_t(row) * c.n + col]) * run.reference[size_t(row) * c.n + col], ++count;
+  }
+  const double rms = count ? std::sqrt(sum2 / count) : 0;
+  int64_t bad = 0;
+  for (int row = 0; row < p.max_rows; ++row) {
+    if (p.row_expert[row] < 0) continue;
+    for (int col = 0; col < c.n; ++col) {
+      const float got = bf16_bits_to_float(run.d[size_t(row) * c.n + col]);
+      const float want = run.reference[size_t(row) * c.n + col];
+      if (!std::isfinite(got) || std::abs(got - want) > 1e-2 * std::abs(want) + 1e-2 * rms) {
+        if (bad++ < 5) ADD_FAILURE() << "row " << row << " (expert " << p.row_expert[row] << ") col " << col
+                                     << ": got " << got << ", reference " << want;
+      }
+      diff2 += double(got - want) * (got - want);
+      ref2 += double(want) * want;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "elements outside tolerance";
+  if (ref2 > 0) EXPECT_LT(std::sqrt(diff2 / ref2), 5e-3);
+  // The GPU reference itself against the fp64 oracle, on samples from every expert.
+  Rng rng(c.seed ^ 0x5a5a);
+  for (int e = 0; e < int(c.rows.size()); ++e) {
+    for (int s = 0; s < std::min(c.rows[e], 8); ++s) {
+      const int row = p.offsets[e] + rng.uniform_int(c.rows[e]);
+      const int col = rng.uniform_int(c.n);
+      const double want = oracle_element(p, row, col);
+      const float got = bf16_bits_to_float(run.d[size_t(row) * c.n + col]);
+      EXPECT_NEAR(got, want, 1e-2 * std::abs(want) + 1e-2 * rms) << "oracle sample row " << row << " col " << col;
+    }
+  }
+}
+
+// Per-rank expert shapes of a preset at EP=8 (TP=1), rows from uniform routing of T tokens on
+// each of 8 ranks, scaled down in rows so the naive reference stays quick.
+std::vector<int> preset_rows(const ModelShape& m, int tokens_per_rank, uint64_t seed) {
+  const int W = 8, epr = m.num_experts / W;
+  std::vector<int> rows(epr, 0);
+  for (int r = 0; r < W; ++r) {
+    const Routing rt = generate_routing(RoutingSpec{}, tokens_per_rank, m.num_experts, m.topk, seed, r);
+    for (int32_t e : rt.expert_ids)
+      if (e >= 0 && e < epr) ++rows[e];
+  }
+  return rows;
+}
+
+class GroupedGemmPresetTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GroupedGemmPresetTest, MatchesReferenceForBothLayers) {
+  COMET_REQUIRE_GPU();
+  const ModelShape& m = ModelPresets::get(GetParam());
+  const int tokens = 512 / m.topk;  // about 512 rows per rank: the naive reference stays quick
+  const std::vector<int> rows = preset_rows(m, tokens, 11);
+  for (auto [epilogue, k, n] : {std::tuple{GemmEpilogue::kSwiGlu, m.hidden, m.ffn},
+                                std::tuple{GemmEpilogue::kIdentity, m.ffn, m.hidden}}) {
+    const GemmCase c{GetParam(), epilogue, k, n, rows, 1234 + uint64_t(k)};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const TileOrder order = epilogue == GemmEpilogue::kSwiGlu ? TileOrder::kRowMajor : TileOrder::kColumnBlockMajor;
+    const GemmRun run = run_case(p, order);
+    EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
+    check_run(p, run);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GroupedGemmPresetTest,
+                         ::testing::Values("mixtral-8x7b", "qwen2-moe-2.7b", "phi-3.5-moe", "qwen3-30b-a3b",
+                                           "deepseek-v3"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace_if(s.begin(), s.end(), [](char ch) { return !std::isalnum(ch); }, '_');
+                           return s;
+                         });
+
+TEST(GroupedGemm, SkewedZeroAndPartialExperts) {
+  COMET_REQUIRE_GPU();
+  for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
+    // Empty experts, one-row experts, a tile-multiple, and one expert holding most rows.
+    const GemmCase c{"skewed", epilogue, 512, 384, {0, 1, 700, 0, 128, 129, 3, 0}, 77};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const GemmRun run = run_case(p, TileOrder::kRowMajor);
+    EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
+    check_run(p, run);
+  }
+}
+
+TEST(GroupedGemm, KAndNTailsAreZeroFilled) {
+  COMET_REQUIRE_GPU();
+  // K = 200 and N = 200 are not multiples of the 64 / 128 / 256 tile sizes.
+  for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
+    const GemmCase c{"tails", epilogue, 200, 200, {5, 130, 0, 64}, 5};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const GemmRun run = run_case(p, TileOrder::kColumnBlockMajor);
+    EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
+    check_run(p, run);
+  }
+}
+
+TEST(GroupedGemm, AllExpertsEmptyRunsNothing) {
+  COMET_REQUIRE_GPU();
+  const GemmCase c{"empty", GemmEpilogue::kIdentity, 256, 256, {0, 0, 0, 0}, 1};
+  const GemmProblem p = make_gemm_problem(c);
+  const GemmRun run = run_case(p, TileOrder::kRowMajor);
+  EXPECT_EQ(run.num_tiles, 0);
+  EXPECT_EQ(run.error.claimed, 0);
+}
+
+TEST(GroupedGemm, CanImplementRefusesBadShapes) {
+  GroupedGemmArgs a;
+  a.num_experts = 2;
+  a.max_rows = 256;
+  a.n = 256;
+  a.k = 100;  // not a multiple of 8
+  int dummy = 0;
+  a.a = a.b = &dummy;
+  a.d = &dummy;
+  a.tiles = reinterpret_cast<const GemmTile*>(&dummy);
+  a.num_tiles = &dummy;
+  a.error = reinterpret_cast<DeviceError*>(&dummy);
+  Status s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("K=100"), std::string::npos) << s.reason;
+  a.k = 256;
+  a.n = 20;
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("N=20"), std::string::npos) << s.reason;
+  a.n = 256;
+  a.max_rows = 100;
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  a.max_rows = 256;
+  EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
+}
+
+TEST(GroupedGemm, MissingSignalTimesOutAndNamesIt) {
+  COMET_REQUIRE_GPU();
+  const GemmCase c{"missing", GemmEpilogue::kIdentity, 256, 256, {200, 100}, 3};
+  const GemmProblem p = make_gemm_problem(c);
+  const int signals = p.max_rows / kGemmBlockM;
+  SignalSetup s{std::vector<uint64_t>(signals, 7), std::vector<uint64_t>(signals, 7)};
+  s.targets[1] = 8;  // M tile 1 (rows 128..255 of expert 0) never gets its data
+  const GemmRun run = run_case(p, TileOrder::kRowMajor, &s, 50'000'000ull);
+  ASSERT_EQ(run.error.claimed, 1);
+  EXPECT_EQ(run.error.signal, 1);
+  EXPECT_EQ(run.error.expected, 8u);
+  EXPECT_EQ(run.error.observed, 7u);
+  EXPECT_EQ(run.error.role, int(WaitRole::kGemmTileInput));
+  EXPECT_NE(describe(run.error).find("signal 1 >= 8, observed 7"), std::string::npos) << describe(run.error);
+}
+
+// A flag released late by another stream delays only the tiles that wait on it.
+__global__ void release_after(uint64_t* flag, uint64_t delay_ns, uint64_t* released_at) {
+  const uint64_t start = globaltimer_ns();
+  while (globaltimer_ns() - start < delay_ns) __nanosleep(1000);
+  *released_at = globaltimer_ns();
+  red_release_gpu(flag, 1);
+}
+
+TEST(GroupedGemm, LateSignalDelaysOnlyItsTiles) {
+  COMET_REQUIRE_GPU();
+  const GemmCase c{"late", GemmEpilogue::kIdentity, 512, 512, {256, 256, 256, 256}, 9};
+  const GemmProblem p = make_gemm_problem(c);
+  const int signals = p.max_rows / kGemmBlockM, late = 5;
+  const int E = int(c.rows.size()), nb = gemm_num_n_blocks(c.epilogue, c.n);
+  std::vector<uint64_t> flags(signals, 1), targets(signals, 1);
+  flags[late] = 0;
+  DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
+  DeviceBuffer<int32_t> rows(std::vector<int32_t>(c.rows.begin(), c.rows.end()));
+  const int64_t capacity = max_gemm_tiles(p.max_rows, E, nb);
+  DeviceBuffer<GemmTile> tiles(capacity);
+  DeviceBuffer<int32_t> num_tiles(1);
+  DeviceBuffer<DeviceError> error(1);
+  DeviceBuffer<uint64_t> dflags(flags), dtargets(targets), ends(capacity), released(1);
+  error.zero();
+  ends.zero();
+  build_gemm_tiles(rows.get(), E, nb, TileOrder::kRowMajor, tiles.get(), num_tiles.get(), capacity, nullptr);
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  // Load the releasing kernel's module now: with lazy loading, a first launch while the GEMM
+  // runs would wait for the GEMM, which waits for it.
+  cudaFuncAttributes attributes;
+  COMET_CUDA_CHECK(cudaFuncGetAttributes(&attributes, release_after));
+  cudaStream_t gemm_stream, signal_stream;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&gemm_stream, cudaStreamNonBlocking));
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&signal_stream, cudaStreamNonBlocking));
+  GroupedGemmArgs args;
+  args.epilogue = c.epilogue;
+  args.num_experts = E;
+  args.max_rows = p.max_rows;
+  args.n = c.n;
+  args.k = c.k;
+  args.a = a.get();
+  args.b = b.get();
+  args.d = d.get();
+  args.tiles = tiles.get();
+  args.num_tiles = num_tiles.get();
+  args.wait_flags = dflags.get();
+  args.wait_targets = dtargets.get();
+  args.tile_end_ns = ends.get();
+  args.error = error.get();
+  args.num_blocks = 16;  // leave SMs free for the releasing kernel
+  run_grouped_gemm(args, gemm_stream);
+  release_after<<<1, 1, 0, signal_stream>>>(dflags.get() + late, 20'000'000ull, released.get());
+  COMET_CUDA_CHECK_LAUNCH();
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  const DeviceError err = error.download()[0];
+  EXPECT_EQ(err.claimed, 0) << describe(err);
+  const std::vector<GemmTile> tile_list = tiles.download();
+  const std::vector<uint64_t> end = ends.download();
+  const uint64_t released_at = released.download()[0];
+  const int n_tiles = num_tiles.download()[0];
+  int early = 0, waited = 0;
+  for (int t = 0; t < n_tiles; ++t) {
+    if (tile_list[t].signal == late) {
+      EXPECT_GE(end[t], released_at) << "tile " << t << " finished before its signal";
+      ++waited;
+    } else if (end[t] < released_at) {
+      ++early;
+    }
+  }
+  EXPECT_EQ(waited, nb);
+  // Blocks run their tiles in order, so only tiles queued behind a late tile on the same
+  // block may finish after the release; most others must not wait for it.
+  EXPECT_GE(early, n_tiles / 2) << "independent tiles were held back by the late signal";
+  cudaStreamDestroy(gemm_stream);
+  cudaStreamDestroy(signal_stream);
+}
+
+TEST(GroupedGemm, DoneFlagsCountTilesPerColumnBlock) {
+  COMET_REQUIRE_GPU();
+  const GemmCase c{"done", GemmEpilogue::kIdentity, 256, 768, {300, 0, 129}, 4};
+  const GemmProblem p = make_gemm_problem(c);
+  const int E = int(c.rows.size()), nb = gemm_num_n_blocks(c.epilogue, c.n);
+  DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
+  DeviceBuffer<int32_t> rows(std::vector<int32_t>(c.rows.begin(), c.rows.end()));
+  const int64_t capacity = max_gemm_tiles(p.max_rows, E, nb);
+  DeviceBuffer<GemmTile> tiles(capacity);
+  DeviceBuffer<int32_t> num_tiles(1);
+  DeviceBuffer<DeviceError> error(1);
+  DeviceBuffer<uint64_t> done(nb);
+  error.zero();
+  done.zero();
+  build_gemm_tiles(rows.get(), E, nb, TileOrder::kColumnBlockMajor, tiles.get(), num_tiles.get(), capacity, nullptr);
+  GroupedGemmArgs args;
+  args.epilogue = c.epilogue;
+  args.num_experts = E;
+  args.max_rows = p.max_rows;
+  args.n = c.n;
+  args.k = c.k;
+  args.a = a.get();
+  args.b = b.get();
+  args.d = d.get();
+  args.tiles = tiles.get();
+  args.num_tiles = num_tiles.get();
+  args.done_flags = done.get();
+  args.error = error.get();
+  for (int call = 1; call <= 3; ++call) {  // epoch counters: never reset between calls
+    run_grouped_gemm(args, nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    const int m_tiles = (300 + 127) / 128 + (129 + 127) / 128;
+    for (uint64_t v : done.download()) EXPECT_EQ(v, uint64_t(call) * m_tiles);
+  }
+}
+
+}  // namespace
+}  // namespace comet::cuda

@@ -1,0 +1,230 @@
+// ref/oracle_test.cpp: the fp64 oracle against hand-computed outputs and against a direct
+// per-token computation written here; compare_outputs and tolerance_for (src/ref/oracle.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ref/oracle.h"
+#include "support/custom_routing.h"
+#include "support/test_support.h"
+
+namespace comet::ref {
+namespace {
+
+// A 2x2 problem whose output is worked out by hand (DESIGN §2 semantics).
+//   expert 0: W0 = I, W1 = 2I                    -> FFN0(x) = 2 relu(x)
+//   expert 1: W0 = [[0,1],[1,0]] (swap), W1 = [[1,1],[1,-1]]
+MoeProblem hand_problem() {
+  MoeProblem p;
+  p.config.model = {"hand", 2, 2, 2, 2, Activation::kRelu};
+  p.config.layout = {2, 2, 1};
+  p.config.max_tokens_per_rank = 4;
+  p.config.dtype = DType::kF32;
+  p.config.tiles = {8, 16, 16};
+  p.weights.w_up = {1, 0, 0, 1, /* expert 1 */ 0, 1, 1, 0};
+  p.weights.w_down = {2, 0, 0, 2, /* expert 1 */ 1, 1, 1, -1};
+  // Rank 0: tokens [1,-2] and [2,1]; rank 1: token [3,3]; rank 1 has one token.
+  p.x = {{1, -2, 2, 1}, {3, 3}};
+  Routing r0;
+  r0.num_tokens = 2;
+  r0.topk = 2;
+  r0.expert_ids = {0, 1, /* same expert twice */ 0, 0};
+  r0.weights = {0.25f, 0.75f, 0.5f, 0.5f};
+  Routing r1;
+  r1.num_tokens = 1;
+  r1.topk = 2;
+  r1.expert_ids = {1, -1};
+  r1.weights = {1.0f, 123.0f};  // masked slot: weight ignored
+  p.routing = {r0, r1};
+  return p;
+}
+
+TEST(Oracle, HandComputedRelu) {
+  const MoeProblem p = hand_problem();
+  const auto y = oracle_forward(p);
+  ASSERT_EQ(y.size(), 2u);
+  ASSERT_EQ(y[0].size(), 4u);
+  ASSERT_EQ(y[1].size(), 2u);
+  // token (0,0): 0.25 * FFN0([1,-2]) + 0.75 * FFN1([1,-2]) = 0.25*[2,0] + 0.75*[1,-1]
+  EXPECT_DOUBLE_EQ(y[0][0], 1.25);
+  EXPECT_DOUBLE_EQ(y[0][1], -0.75);
+  // token (0,1): expert 0 twice with 0.5 each: FFN0([2,1]) = [4,2]
+  EXPECT_DOUBLE_EQ(y[0][2], 4.0);
+  EXPECT_DOUBLE_EQ(y[0][3], 2.0);
+  // token (1,0): FFN1([3,3]) = relu([3,3]) W1 = [6, 0]; the masked slot adds nothing
+  EXPECT_DOUBLE_EQ(y[1][0], 6.0);
+  EXPECT_DOUBLE_EQ(y[1][1], 0.0);
+}
+
+TEST(Oracle, HandComputedSwiGlu) {
+  MoeProblem p;
+  p.config.model = {"hand-swiglu", 1, 1, 1, 1, Activation::kSwiGlu};
+  p.config.layout = {1, 1, 1};
+  p.config.max_tokens_per_rank = 2;
+  p.config.dtype = DType::kF32;
+  p.weights.w_gate = {1};
+  p.weights.w_up = {3};
+  p.weights.w_down = {0.5f};
+  p.x = {{2, -1}};
+  Routing r;
+  r.num_tokens = 2;
+  r.topk = 1;
+  r.expert_ids = {0, 0};
+  r.weights = {1.0f, 0.5f};
+  p.routing = {r};
+  const auto y = oracle_forward(p);
+  const auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  ASSERT_EQ(y.size(), 1u);
+  ASSERT_EQ(y[0].size(), 2u);
+  EXPECT_NEAR(y[0][0], silu(2.0) * 6.0 * 0.5, 1e-12);
+  EXPECT_NEAR(y[0][1], 0.5 * silu(-1.0) * -3.0 * 0.5, 1e-12);
+}
+
+// ---- direct per-token computation ------------------------------------------------------------
+
+double act(Activation a, double v) {
+  switch (a) {
+    case Activation::kSwiGlu:
+    case Activation::kSilu: return v / (1 + std::exp(-v));
+    case Activation::kRelu: return v > 0 ? v : 0;
+    case Activation::kGelu: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+  }
+  return 0;
+}
+
+std::vector<std::vector<double>> direct_forward(const MoeProblem& p) {
+  const ModelShape& m = p.config.model;
+  const int h = m.hidden, f = m.ffn;
+  std::vector<std::vector<double>> y(p.x.size());
+  for (size_t r = 0; r < p.x.size(); ++r) {
+    const Routing& rt = p.routing[r];
+    y[r].assign(size_t(rt.num_tokens) * h, 0.0);
+    for (int t = 0; t < rt.num_tokens; ++t) {
+      const float* x = p.x[r].data() + size_t(t) * h;
+      for (int k = 0; k < rt.topk; ++k) {
+        const int e = rt.expert(t, k);
+        if (e < 0) continue;
+        const double w = rt.weight(t, k);
+        std::vector<double> inter(f);
+        for (int j = 0; j < f; ++j) {
+          double up = 0, gate = 0;
+          for (int i = 0; i < h; ++i) {
+            up += double(x[i]) * p.weights.w_up[(size_t(e) * h + i) * f + j];
+            if (is_gated(m.activation)) gate += double(x[i]) * p.weights.w_gate[(size_t(e) * h + i) * f + j];
+          }
+          inter[j] = is_gated(m.activation) ? act(m.activation, gate) * up : act(m.activation, up);
+        }
+        for (int i = 0; i < h; ++i) {
+          double o = 0;
+          for (int j = 0; j < f; ++j) o += inter[j] * p.weights.w_down[(size_t(e) * f + j) * h + i];
+          y[r][size_t(t) * h + i] += w * o;
+        }
+      }
+    }
+  }
+  return y;
+}
+
+struct OracleCase {
+  ModelShape model;
+  int world;
+  int t_max;
+  RoutingSpec spec;
+  test::CustomRouting custom;
+  DType dtype;
+  uint64_t seed;
+  std::string describe() const {
+    return model.name + " H=" + std::to_string(model.hidden) + " F=" + std::to_string(model.ffn) +
+           " E=" + std::to_string(model.num_experts) + " topk=" + std::to_string(model.topk) +
+           " act=" + activation_name(model.activation) + " W=" + std::to_string(world) +
+           " T_max=" + std::to_string(t_max) + " routing=" + spec.describe() +
+           " mask=" + std::to_string(spec.mask_fraction) + " custom=" + test::custom_name(custom) +
+           " dtype=" + dtype_name(dtype) + " seed=" + std::to_string(seed);
+  }
+};
+
+std::vector<OracleCase> oracle_cases() {
+  std::vector<OracleCase> out;
+  uint64_t seed = 1;
+  for (Activation a : {Activation::kSwiGlu, Activation::kGelu, Activation::kRelu, Activation::kSilu}) {
+    out.push_back({{"direct", 24, 40, 8, 2, a}, 2, 12, {}, test::CustomRouting::kNone, DType::kBF16, seed++});
+  }
+  out.push_back({{"direct", 16, 16, 16, 16, Activation::kSwiGlu}, 4, 5, {RoutingKind::kZipf, 1.2, 0.3},
+                 test::CustomRouting::kNone, DType::kF32, seed++});
+  out.push_back({{"direct", 32, 24, 4, 3, Activation::kSwiGlu}, 4, 9, {},
+                 test::CustomRouting::kAllToOne, DType::kF16, seed++});
+  out.push_back({{"direct", 32, 24, 4, 2, Activation::kRelu}, 2, 9, {},
+                 test::CustomRouting::kAllMasked, DType::kBF16, seed++});
+  return out;
+}
+
+TEST(Oracle, MatchesDirectPerTokenComputation) {
+  for (const OracleCase& c : oracle_cases()) {
+    SCOPED_TRACE(c.describe());
+    LayerConfig cfg;
+    cfg.model = c.model;
+    cfg.layout = {c.world, c.world, 1};
+    if (c.model.num_experts % c.world != 0) cfg.layout = {c.world, 1, c.world};
+    cfg.max_tokens_per_rank = c.t_max;
+    cfg.dtype = c.dtype;
+    std::vector<int> tokens;
+    for (int r = 0; r < c.world; ++r) tokens.push_back(r == 1 ? 0 : c.t_max - r);
+    MoeProblem p = make_problem(cfg, tokens, c.spec, c.seed);
+    for (Routing& rt : p.routing) test::apply_custom_routing(rt, c.custom, c.model.num_experts);
+    const auto got = oracle_forward(p);
+    const auto want = direct_forward(p);
+    ASSERT_EQ(got.size(), want.size());
+    // Both are fp64; only summation order (and for GELU possibly the erf/tanh form) differs.
+    const double tol = c.model.activation == Activation::kGelu ? 1e-3 : 1e-10;
+    for (size_t r = 0; r < got.size(); ++r) {
+      ASSERT_EQ(got[r].size(), want[r].size()) << "rank " << r;
+      for (size_t i = 0; i < got[r].size(); ++i) {
+        ASSERT_NEAR(got[r][i], want[r][i], tol * (1 + std::abs(want[r][i])))
+            << "rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
+// ---- compare_outputs / tolerance_for ---------------------------------------------------------
+
+TEST(Compare, ExactMatchNaNAndOneWrongRow) {
+  const std::vector<std::vector<double>> want = {{1, 2, 3, 4}, {}, {-1, 0.5}};
+  std::vector<std::vector<float>> got = {{1, 2, 3, 4}, {}, {-1, 0.5}};
+  Comparison c = compare_outputs(got, want);
+  EXPECT_EQ(c.rel_l2, 0.0);
+  EXPECT_EQ(c.max_abs, 0.0);
+  EXPECT_EQ(c.non_finite, 0);
+  EXPECT_EQ(c.elements, 6);
+  EXPECT_TRUE(c.within(0.0));
+  EXPECT_FALSE(c.describe().empty());
+
+  got[2][1] = std::numeric_limits<float>::quiet_NaN();
+  c = compare_outputs(got, want);
+  EXPECT_EQ(c.non_finite, 1);
+  EXPECT_FALSE(c.within(1e30));  // NaN never passes
+  got[2][1] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(compare_outputs(got, want).within(1e30));
+
+  got = {{1, 2, 3, 4}, {}, {-1, 0.5}};
+  got[0][3] = 0;  // ||diff|| = 4, ||want|| = sqrt(31.25)
+  c = compare_outputs(got, want);
+  EXPECT_NEAR(c.rel_l2, 4 / std::sqrt(31.25), 1e-12);
+  EXPECT_DOUBLE_EQ(c.max_abs, 4.0);
+  EXPECT_FALSE(c.within(tolerance_for(DType::kBF16)));
+}
+
+TEST(Compare, Tolerances) {
+  EXPECT_LE(tolerance_for(DType::kF32), 1e-5);
+  EXPECT_GT(tolerance_for(DType::kF32), 0.0);
+  EXPECT_LE(tolerance_for(DType::kF16), tolerance_for(DType::kBF16));
+  EXPECT_LE(tolerance_for(DType::kF32), tolerance_for(DType::kF16));
+  EXPECT_GE(tolerance_for(DType::kBF16), 1e-3);
+  EXPECT_LE(tolerance_for(DType::kBF16), 1e-2);
+}
+
+}  // namespace
+}  // namespace comet::ref

@@ -1,0 +1,196 @@
+// unit/cost_model_test.cpp: GPU specs and the lower bound max(t_compute, t_comm, t_weights)
+// (include/comet/cost_model.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comet/cost_model.h"
+#include "support/test_support.h"
+
+namespace comet {
+namespace {
+
+using test::throws_with;
+
+std::string upper(std::string s) {
+  for (char& ch : s) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+const GpuSpec* find_gpu(const std::string& part) {
+  for (const GpuSpec& g : gpu_specs()) {
+    if (upper(g.name).find(part) != std::string::npos) return &g;
+  }
+  return nullptr;
+}
+
+TEST(GpuSpecs, H200AndH100Exist) {
+  for (const char* part : {"H200", "H100"}) {
+    const GpuSpec* g = find_gpu(part);
+    ASSERT_NE(g, nullptr) << part << " missing from gpu_specs()";
+    EXPECT_EQ(&gpu_spec(g->name), g) << "gpu_spec(\"" << g->name << "\")";
+    EXPECT_EQ(g->num_sms, 132) << g->name;
+    EXPECT_GT(g->bf16_tflops, 100);
+    EXPECT_GT(g->hbm_gbps, 1000);
+    EXPECT_GT(g->link_gbps, 100);
+    EXPECT_FALSE(g->source.empty()) << g->name;
+  }
+  EXPECT_GT(find_gpu("H200")->hbm_gbps, find_gpu("H100")->hbm_gbps);
+}
+
+TEST(GpuSpecs, UnknownNameThrowsListingNames) {
+  EXPECT_TRUE(throws_with<Error>([] { gpu_spec("no-such-gpu"); },
+                                 {"no-such-gpu", find_gpu("H200")->name}));
+}
+
+struct CostCase {
+  std::string model;
+  int world, tp;
+  int tokens;
+  DType dtype;
+  std::string describe() const {
+    std::ostringstream os;
+    os << model << " W=" << world << " TP=" << tp << " tokens=" << tokens << " dtype=" << dtype_name(dtype);
+    return os.str();
+  }
+  LayerConfig config() const {
+    LayerConfig c;
+    c.model = ModelPresets::get(model);
+    c.layout = {world, world / tp, tp};
+    c.max_tokens_per_rank = tokens;
+    c.dtype = dtype;
+    return c;
+  }
+  std::vector<Routing> routing(int num_tokens) const {
+    std::vector<Routing> out;
+    const ModelShape& m = ModelPresets::get(model);
+    for (int r = 0; r < world; ++r) {
+      out.push_back(generate_routing(RoutingSpec{}, num_tokens, m.num_experts, m.topk, 17, r));
+    }
+    return out;
+  }
+};
+
+std::vector<CostCase> cost_cases() {
+  return {{"mixtral-8x7b", 8, 1, 2048, DType::kBF16},   {"mixtral-8x7b", 8, 2, 1024, DType::kBF16},
+          {"deepseek-v3", 8, 1, 2048, DType::kBF16},    {"qwen3-30b-a3b", 8, 1, 4096, DType::kF16},
+          {"qwen2-moe-2.7b", 4, 4, 512, DType::kBF16},  {"phi-3.5-moe", 1, 1, 1024, DType::kF32},
+          {"deepseek-v3", 2, 1, 128, DType::kBF16}};
+}
+
+TEST(CostModel, LowerBoundIsTheLargestTerm) {
+  for (const CostCase& cc : cost_cases()) {
+    SCOPED_TRACE(cc.describe());
+    const LayerConfig c = cc.config();
+    const DispatchPlan plan(c, cc.routing(cc.tokens));
+    for (const GpuSpec& gpu : gpu_specs()) {
+      SCOPED_TRACE(gpu.name);
+      const LayerCost cost = layer_cost(c, plan, gpu);
+      const double mx = std::max({cost.t_compute_us, cost.t_comm_us, cost.t_weights_us});
+      EXPECT_DOUBLE_EQ(cost.lower_bound_us, mx);
+      const char* want = mx == cost.t_compute_us ? "compute" : mx == cost.t_comm_us ? "comm" : "weights";
+      EXPECT_EQ(cost.bound_by, want);
+      EXPECT_GT(cost.t_compute_us, 0);
+      EXPECT_GT(cost.t_weights_us, 0);
+      EXPECT_GE(cost.t_comm_us, 0);
+      // Units: FLOP / (TFLOP/s) in us, bytes / (GB/s) in us.
+      EXPECT_NEAR(cost.t_compute_us, cost.flops_max_rank / (gpu.bf16_tflops * 1e6), 1e-9 * cost.t_compute_us);
+      EXPECT_NEAR(cost.t_weights_us, cost.weight_bytes_per_rank / (gpu.hbm_gbps * 1e3),
+                  1e-9 * cost.t_weights_us);
+      EXPECT_NEAR(cost.t_comm_us, cost.link_bytes_max_rank / (gpu.link_gbps * 1e3), 1e-9 * cost.t_comm_us + 1e-12);
+      // Weights of one rank: its E/EP experts, its 1/TP slice of each.
+      const double weight_bytes = double(c.experts_per_rank()) * double(c.model.weights_per_expert()) /
+                                  c.layout.tp * dtype_bytes(c.dtype);
+      EXPECT_NEAR(cost.weight_bytes_per_rank, weight_bytes, 1e-9 * weight_bytes);
+      // The busiest rank's FLOP: its rows times the FLOP of a row through its F/TP slice.
+      int max_rows = 0;
+      for (int r = 0; r < cc.world; ++r) max_rows = std::max(max_rows, plan.rows_on_rank(r));
+      const double flops = double(max_rows) * double(c.model.flops_per_row()) / c.layout.tp;
+      EXPECT_NEAR(cost.flops_max_rank, flops, 1e-9 * flops);
+      if (cc.world == 1) {
+        EXPECT_EQ(cost.t_comm_us, 0);
+        EXPECT_EQ(cost.link_bytes_max_rank, 0);
+      } else {
+        EXPECT_GT(cost.link_bytes_max_rank, 0);
+      }
+    }
+  }
+}
+
+TEST(CostModel, DoublingTokensRoughlyDoublesCompute) {
+  for (const CostCase& cc : cost_cases()) {
+    SCOPED_TRACE(cc.describe());
+    LayerConfig c = cc.config();
+    c.max_tokens_per_rank = 2 * cc.tokens;
+    const GpuSpec& gpu = gpu_spec(find_gpu("H200")->name);
+    const LayerCost one = layer_cost(c, DispatchPlan(c, cc.routing(cc.tokens)), gpu);
+    const LayerCost two = layer_cost(c, DispatchPlan(c, cc.routing(2 * cc.tokens)), gpu);
+    EXPECT_NEAR(two.t_compute_us / one.t_compute_us, 2.0, 0.25);
+    EXPECT_DOUBLE_EQ(two.t_weights_us, one.t_weights_us);
+    if (cc.world > 1) {
+      EXPECT_NEAR(two.t_comm_us / one.t_comm_us, 2.0, 0.3);
+    }
+  }
+}
+
+TEST(CostModel, LinkBytes) {
+  for (const CostCase& cc : cost_cases()) {
+    SCOPED_TRACE(cc.describe());
+    const LayerConfig c = cc.config();
+    const DispatchPlan plan(c, cc.routing(cc.tokens));
+    // link_gbps is per direction per GPU, so the busiest rank's busiest direction is the
+    // larger of its total egress and its total ingress.
+    double busiest = 0;
+    for (int r = 0; r < cc.world; ++r) {
+      double out = 0, in = 0;
+      for (int p = 0; p < cc.world; ++p) {
+        out += link_bytes(c, plan, r, p);
+        in += link_bytes(c, plan, p, r);
+      }
+      busiest = std::max({busiest, out, in});
+    }
+    for (int src = 0; src < cc.world; ++src) {
+      EXPECT_EQ(link_bytes(c, plan, src, src), 0.0) << "rank " << src;
+      for (int dst = 0; dst < cc.world; ++dst) {
+        const double b = link_bytes(c, plan, src, dst);
+        EXPECT_GE(b, 0.0);
+        if (src != dst) {
+          // At least the dispatched rows src -> dst.
+          EXPECT_GE(b, double(plan.send_count(src, dst)) * c.model.hidden * dtype_bytes(c.dtype))
+              << src << " -> " << dst;
+          EXPECT_GT(b, 0.0) << src << " -> " << dst;
+        }
+      }
+    }
+    const LayerCost cost = layer_cost(c, plan, gpu_specs().front());
+    EXPECT_NEAR(cost.link_bytes_max_rank, busiest, 1e-9 * busiest);
+  }
+}
+
+TEST(CostModel, LinkBytesZeroWhenNothingIsRoutedAway) {
+  LayerConfig c;
+  c.model = {"local", 64, 128, 4, 1, Activation::kSwiGlu};
+  c.layout = {4, 4, 1};
+  c.max_tokens_per_rank = 8;
+  std::vector<Routing> routing;
+  for (int r = 0; r < 4; ++r) {
+    Routing rt;
+    rt.num_tokens = 8;
+    rt.topk = 1;
+    rt.expert_ids.assign(8, r);  // every token to the rank's own expert
+    rt.weights.assign(8, 1.0f);
+    routing.push_back(rt);
+  }
+  const DispatchPlan plan(c, routing);
+  for (int src = 0; src < 4; ++src) {
+    for (int dst = 0; dst < 4; ++dst) EXPECT_EQ(link_bytes(c, plan, src, dst), 0.0) << src << "->" << dst;
+  }
+  EXPECT_EQ(layer_cost(c, plan, gpu_specs().front()).t_comm_us, 0.0);
+}
+
+}  // namespace
+}  // namespace comet

@@ -1,0 +1,271 @@
+// tools/cli_common.cpp: workload options shared by `comet run` and `comet plan`, and their
+// validation into a LayerConfig with messages that name the option at fault.
+//
+//   comet run --model mixtral-8x7b --ep 3     ->  comet: error: --ep 3 does not divide the 8
+//                                                 experts of mixtral-8x7b ...   (exit 2)
+//
+// The checks here come before LayerConfig::validate() only to phrase the common mistakes in
+// terms of the options a user typed (and to suggest values that work); validate() still runs
+// afterwards and has the last word.
+#include "cli_common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "comet/error.h"
+
+namespace comet::tools {
+namespace {
+
+constexpr const char* kActivations[] = {"swiglu", "gelu", "relu", "silu"};
+constexpr const char* kDTypes[] = {"bf16", "f16", "f32"};
+
+std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out.append(sep);
+    out.append(items[i]);
+  }
+  return out;
+}
+
+// Parses "4096" or "64,0,32,16"; every entry a non-negative integer.
+std::vector<int> parse_tokens(const std::string& text) {
+  std::vector<int> values;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0 || v > (1 << 30))
+      throw UsageError("--tokens: \"" + item +
+                       "\" is not a token count (a non-negative integer, or a comma list with one "
+                       "per rank)");
+    values.push_back(int(v));
+  }
+  if (values.empty() || text.back() == ',')
+    throw UsageError("--tokens: \"" + text + "\" is empty or ends with a comma");
+  return values;
+}
+
+std::string fmt_double(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+std::string user_message(const std::string& what) {
+  std::string msg = what;
+  const size_t cut = msg.find(" (check `");
+  if (cut != std::string::npos) msg.resize(cut);
+  return one_line(msg);
+}
+
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\n') {
+      out += "; ";
+    } else if (c != '\r') {
+      out += c;
+    }
+  }
+  while (!out.empty() && (out.back() == ' ' || out.back() == ';')) out.pop_back();
+  return out;
+}
+
+std::string divisors_text(int n) {
+  std::vector<std::string> ds;
+  for (int d = 1; d <= n && ds.size() < 12; ++d)
+    if (n % d == 0) ds.push_back(std::to_string(d));
+  return join(ds);
+}
+
+void add_workload_options(CLI::App& app, WorkloadOptions& o, const TileConfig& default_tiles) {
+  std::string presets = join(ModelPresets::names());
+  o.model_opt = app.add_option("--model", o.model, "model preset: " + presets)
+                    ->capture_default_str()
+                    ->group("Model");
+  o.shape_opts = {
+      app.add_option("--hidden", o.hidden, "custom shape: hidden size H")->group("Model"),
+      app.add_option("--ffn", o.ffn, "custom shape: expert intermediate size F")->group("Model"),
+      app.add_option("--experts", o.experts, "custom shape: number of experts E")->group("Model"),
+      app.add_option("--topk", o.topk, "custom shape: experts per token")->group("Model"),
+      app.add_option("--activation", o.activation,
+                     "custom shape: swiglu (gated), gelu, relu or silu")
+          ->capture_default_str()
+          ->group("Model"),
+  };
+  app.add_option("--tokens", o.tokens,
+                 "tokens per rank: one count for every rank, or W comma-separated counts")
+      ->capture_default_str()
+      ->group("Workload");
+  app.add_option("--ep", o.ep, "expert-parallel degree")->capture_default_str()->group("Workload");
+  app.add_option("--tp", o.tp, "tensor-parallel degree (world W = ep * tp)")
+      ->capture_default_str()
+      ->group("Workload");
+  app.add_option("--routing", o.routing, "uniform, zipf:S (exponent S) or imbalance:STD")
+      ->capture_default_str()
+      ->group("Workload");
+  app.add_option("--mask-fraction", o.mask_fraction, "fraction of routing slots masked (-1)")
+      ->capture_default_str()
+      ->group("Workload");
+  app.add_option("--dtype", o.dtype, "storage type: bf16, f16 or f32")
+      ->capture_default_str()
+      ->group("Workload");
+  app.add_option("--seed", o.seed, "seed of weights, tokens and routing")
+      ->capture_default_str()
+      ->group("Workload");
+  o.tile_opts = {
+      app.add_option("--block-m", o.block_m,
+                     "tile rows, both layers (default " + std::to_string(default_tiles.block_m) + ")")
+          ->group("Tiles"),
+      app.add_option("--block-n0", o.block_n0,
+                     "layer0 tile columns of F/TP (default " + std::to_string(default_tiles.block_n0) + ")")
+          ->group("Tiles"),
+      app.add_option("--block-n1", o.block_n1,
+                     "layer1 tile columns of H = one combine signal (default " +
+                         std::to_string(default_tiles.block_n1) + ")")
+          ->group("Tiles"),
+  };
+}
+
+namespace {
+
+Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& default_tiles) {
+  Workload w;
+  LayerConfig& c = w.config;
+
+  // Model: a preset, a preset with some fields overridden, or a fully custom shape.
+  bool any_shape = false;
+  for (const auto* opt : o.shape_opts) any_shape = any_shape || opt->count() > 0;
+  const bool preset_given = o.model_opt->count() > 0;
+  if (preset_given || !any_shape) {
+    const auto names = ModelPresets::names();
+    if (std::find(names.begin(), names.end(), o.model) == names.end())
+      throw UsageError("--model: unknown preset \"" + o.model + "\" (presets: " + join(names) + ")");
+    c.model = ModelPresets::get(o.model);
+  } else {
+    const char* kNames[] = {"--hidden", "--ffn", "--experts", "--topk"};
+    const char* missing = nullptr;
+    for (int i = 3; i >= 0; --i)
+      if (o.shape_opts[size_t(i)]->count() == 0) missing = kNames[i];
+    if (missing)
+      throw UsageError(std::string("a custom shape needs --hidden, --ffn, --experts and --topk "
+                                   "(or start from a preset with --model); missing ") +
+                       missing);
+    c.model = ModelShape{};
+  }
+  if (any_shape) {
+    c.model.name = preset_given ? c.model.name + "+custom" : "custom";
+    if (o.shape_opts[0]->count()) c.model.hidden = o.hidden;
+    if (o.shape_opts[1]->count()) c.model.ffn = o.ffn;
+    if (o.shape_opts[2]->count()) c.model.num_experts = o.experts;
+    if (o.shape_opts[3]->count()) c.model.topk = o.topk;
+    if (o.shape_opts[4]->count()) {
+      if (std::find(std::begin(kActivations), std::end(kActivations), o.activation) ==
+          std::end(kActivations))
+        throw UsageError("--activation must be swiglu, gelu, relu or silu, not \"" +
+                         o.activation + "\"");
+      c.model.activation = parse_activation(o.activation);
+    }
+  }
+  const ModelShape& m = c.model;
+  if (m.hidden <= 0) throw UsageError("--hidden must be positive, not " + std::to_string(m.hidden));
+  if (m.ffn <= 0) throw UsageError("--ffn must be positive, not " + std::to_string(m.ffn));
+  if (m.num_experts <= 0)
+    throw UsageError("--experts must be positive, not " + std::to_string(m.num_experts));
+  if (m.topk <= 0 || m.topk > m.num_experts)
+    throw UsageError("--topk " + std::to_string(m.topk) + " must be between 1 and the " +
+                     std::to_string(m.num_experts) + " experts of " + m.name);
+
+  // Layout.
+  if (o.ep < 1) throw UsageError("--ep must be at least 1, not " + std::to_string(o.ep));
+  if (o.tp < 1) throw UsageError("--tp must be at least 1, not " + std::to_string(o.tp));
+  if (int64_t(o.ep) * o.tp > 4096)
+    throw UsageError("--ep " + std::to_string(o.ep) + " x --tp " + std::to_string(o.tp) +
+                     " is more than 4096 ranks");
+  if (m.num_experts % o.ep != 0)
+    throw UsageError("--ep " + std::to_string(o.ep) + " does not divide the " +
+                     std::to_string(m.num_experts) + " experts of " + m.name +
+                     " (E % EP must be 0; E is not divisible by " + std::to_string(o.ep) +
+                     "; try --ep " + divisors_text(m.num_experts) + ")");
+  if (m.ffn % o.tp != 0)
+    throw UsageError("--tp " + std::to_string(o.tp) + " does not divide the FFN size F " +
+                     std::to_string(m.ffn) + " of " + m.name + " (F % TP must be 0; F is not " +
+                     "divisible by " + std::to_string(o.tp) + ")");
+  c.layout.ep = o.ep;
+  c.layout.tp = o.tp;
+  c.layout.world = o.ep * o.tp;
+  const int world = c.layout.world;
+
+  // Tokens.
+  w.tokens_per_rank = parse_tokens(o.tokens);
+  if (w.tokens_per_rank.size() == 1) {
+    w.tokens_per_rank.assign(size_t(world), w.tokens_per_rank[0]);
+  } else if (int(w.tokens_per_rank.size()) != world) {
+    throw UsageError("--tokens lists " + std::to_string(w.tokens_per_rank.size()) +
+                     " counts, but the world has W = ep * tp = " + std::to_string(world) +
+                     " ranks (give one count, or one per rank)");
+  }
+  c.max_tokens_per_rank = *std::max_element(w.tokens_per_rank.begin(), w.tokens_per_rank.end());
+  if (c.max_tokens_per_rank < 1) throw UsageError("--tokens: at least one rank needs a token");
+
+  // Routing.
+  try {
+    w.routing = parse_routing_spec(o.routing);
+  } catch (const Error& e) {
+    throw UsageError("--routing: " + user_message(e.what()));
+  }
+  if (!(o.mask_fraction >= 0.0 && o.mask_fraction <= 1.0))
+    throw UsageError("--mask-fraction must be within [0, 1], not " + fmt_double(o.mask_fraction));
+  w.routing.mask_fraction = o.mask_fraction;
+  w.seed = o.seed;
+
+  // Storage type and tiles.
+  if (std::find(std::begin(kDTypes), std::end(kDTypes), o.dtype) == std::end(kDTypes))
+    throw UsageError("--dtype must be bf16, f16 or f32, not \"" + o.dtype + "\"");
+  c.dtype = parse_dtype(o.dtype);
+  c.tiles = default_tiles;
+  if (o.tile_opts[0]->count()) c.tiles.block_m = o.block_m;
+  if (o.tile_opts[1]->count()) c.tiles.block_n0 = o.block_n0;
+  if (o.tile_opts[2]->count()) c.tiles.block_n1 = o.block_n1;
+  if (c.tiles.block_m < 1 || c.tiles.block_n0 < 1 || c.tiles.block_n1 < 1)
+    throw UsageError("--block-m, --block-n0 and --block-n1 must be positive");
+
+  const Status status = c.validate();
+  if (!status) throw UsageError(user_message(status.reason));
+  return w;
+}
+
+}  // namespace
+
+Workload build_workload(const WorkloadOptions& o, const TileConfig& default_tiles) {
+  try {
+    return build_workload_checked(o, default_tiles);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    // Whatever the library rejects while reading the options is bad input too.
+    throw UsageError(user_message(e.what()));
+  }
+}
+
+std::vector<Routing> generate_all_routing(const Workload& w) {
+  std::vector<Routing> routing;
+  const ModelShape& m = w.config.model;
+  for (int r = 0; r < w.config.layout.world; ++r)
+    routing.push_back(generate_routing(w.routing, w.tokens_per_rank[size_t(r)], m.routed_experts(),
+                                       m.topk, w.seed, r));
+  return routing;
+}
+
+}  // namespace comet::tools

@@ -1,0 +1,87 @@
+// tools/cli_common.h: what every `comet` subcommand shares: the workload options (model shape,
+// parallel layout, tokens, routing, dtype, seed), their validation into a LayerConfig, the
+// exit codes, and the error type for bad input.
+//
+//   comet run  --model deepseek-v3 --ep 4 --tp 2 --tokens 64 --routing zipf:1.2
+//   comet plan --hidden 1024 --ffn 2048 --experts 16 --topk 2 --ep 4 --tokens 128,0,64,32
+//
+// Every problem with the command line becomes a UsageError whose message is one line naming
+// the option and the reason; main() prints it as `comet: error: <reason>` and exits 2.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "comet/config.h"
+#include "comet/routing.h"
+
+namespace comet::tools {
+
+// Exit codes of every subcommand (documented in docs/cli.md).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitVerifyFailed = 1;  // ran, but the output does not match the oracle
+inline constexpr int kExitUsage = 2;         // bad option, impossible configuration
+inline constexpr int kExitRuntime = 3;       // a protocol timeout, an I/O error, a library bug
+
+// Bad command-line input. The message is one line a user can act on.
+class UsageError : public std::runtime_error {
+ public:
+  explicit UsageError(const std::string& message) : std::runtime_error(message) {}
+};
+
+// comet::Error messages from COMET_CHECK end in " (check `cond` failed at file:line)"; that
+// helps a developer, but a user who typed a wrong option needs only the reason.
+std::string user_message(const std::string& what);
+// Newlines folded into "; " so that an error is always exactly one line.
+std::string one_line(const std::string& text);
+
+struct WorkloadOptions {
+  std::string model = "mixtral-8x7b";
+  int hidden = 0;
+  int ffn = 0;
+  int experts = 0;
+  int topk = 0;
+  std::string activation = "swiglu";
+  std::string tokens = "4096";  // per rank: one value for all ranks, or W comma-separated
+  int ep = 8;
+  int tp = 1;
+  std::string routing = "uniform";
+  double mask_fraction = 0.0;
+  std::string dtype = "bf16";
+  uint64_t seed = 1;
+  int block_m = 0;  // only when given: the subcommands have different default tile shapes
+  int block_n0 = 0;
+  int block_n1 = 0;
+
+  // Which of the options were given (set by add_workload_options, read after parsing).
+  CLI::Option* model_opt = nullptr;
+  std::vector<CLI::Option*> shape_opts;  // --hidden --ffn --experts --topk --activation
+  std::vector<CLI::Option*> tile_opts;   // --block-m --block-n0 --block-n1
+};
+
+// `default_tiles` only labels the help text; build_workload applies it.
+void add_workload_options(CLI::App& app, WorkloadOptions& options, const TileConfig& default_tiles);
+
+// The validated workload at its requested (full) size.
+struct Workload {
+  LayerConfig config;                // T_max = the largest requested tokens per rank
+  std::vector<int> tokens_per_rank;  // W entries
+  RoutingSpec routing;
+  uint64_t seed = 1;
+};
+
+// Throws UsageError naming the option at fault. `default_tiles` fills the block sizes not
+// given on the command line.
+Workload build_workload(const WorkloadOptions& options, const TileConfig& default_tiles);
+
+// Routing of every rank at the workload's size: generate_routing(spec, T_r, E, topk, seed, r).
+std::vector<Routing> generate_all_routing(const Workload& workload);
+
+// "1,2,4,8": the divisors of n, for messages that suggest valid values.
+std::string divisors_text(int n);
+
+}  // namespace comet::tools

@@ -1,0 +1,360 @@
+// tools/cmd_run.cpp: `comet run`, the project's main job: one MoE layer forward across W ranks,
+// verified against the fp64 oracle, with the dispatch statistics and the lower bound of the
+// same workload at full size.
+//
+//   comet run --model mixtral-8x7b --ep 8
+//   comet run --model deepseek-v3 --ep 4 --tp 2 --tokens 64 --routing zipf:1.2 --json
+//   comet run --model qwen2-moe-2.7b --ep 4 --tokens 64 --save layer.safetensors
+//
+// The CPU backend runs the real protocol (ranks as threads), so the large presets are scaled
+// down first (comet::choose_cpu_scale: H and F, then tokens); the report says by how much.
+// The lower bound is always that of the requested, unscaled workload on a real GPU.
+// Exit codes: 0 verified, 1 verification failed, 2 bad input, 3 runtime failure.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "comet/cost_model.h"
+#include "comet/plan.h"
+#include "comet/problem.h"
+#include "ref/oracle.h"
+#include "ref/ref_backend.h"
+#include "report.h"
+#include "safetensors.h"
+
+namespace comet::tools {
+namespace {
+
+// Tiles of the CPU run: small enough that scaled-down shapes still have several tiles per
+// expert to reorder and several column blocks to signal.
+constexpr TileConfig kCpuTiles{32, 64, 64};
+
+struct RunResult {
+  Workload full;                   // as requested
+  CpuScale scale;
+  LayerConfig config;              // what actually ran (scaled)
+  std::vector<int> tokens_per_rank;  // what actually ran (scaled)
+  std::vector<std::vector<float>> y;
+  std::vector<std::vector<double>> want;
+  ref::Comparison comparison;
+  double tolerance = 0;
+  bool pass = false;
+  double forward_us = 0;
+  double oracle_us = 0;
+  ref::ForwardStats stats;
+  LayerCost full_cost;
+  std::string gpu;
+  int64_t saved_tensors = 0;
+  int64_t saved_bytes = 0;
+};
+
+double elapsed_us(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - since).count();
+}
+
+// Values of the run's storage dtype (floats that are already rounded to it) as the raw type.
+void add_storage(SafetensorsWriter& st, const std::string& name, DType dtype,
+                 std::vector<int64_t> shape, const std::vector<float>& values) {
+  if (dtype == DType::kF32) {
+    st.add_f32(name, std::move(shape), values);
+    return;
+  }
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    bits[i] = dtype == DType::kBF16 ? float_to_bf16_bits(values[i]) : float_to_f16_bits(values[i]);
+  st.add_u16(name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF16, std::move(shape), bits);
+}
+
+void save_run(const std::string& path, const MoeProblem& problem, RunResult& r) {
+  const LayerConfig& c = r.config;
+  const ModelShape& m = c.model;
+  const int64_t E = m.num_experts, H = m.hidden, F = m.ffn, K = m.topk;
+  SafetensorsWriter st;
+  if (is_gated(m.activation)) add_storage(st, "weights.w_gate", c.dtype, {E, H, F}, problem.weights.w_gate);
+  add_storage(st, "weights.w_up", c.dtype, {E, H, F}, problem.weights.w_up);
+  add_storage(st, "weights.w_down", c.dtype, {E, F, H}, problem.weights.w_down);
+  for (int rank = 0; rank < c.layout.world; ++rank) {
+    const std::string p = "rank" + std::to_string(rank) + ".";
+    const int64_t T = problem.num_tokens(rank);
+    const Routing& routing = problem.routing[size_t(rank)];
+    add_storage(st, p + "x", c.dtype, {T, H}, problem.x[size_t(rank)]);
+    st.add_i32(p + "expert_ids", {T, K}, routing.expert_ids);
+    st.add_f32(p + "expert_weights", {T, K}, routing.weights);
+    add_storage(st, p + "y", c.dtype, {T, H}, r.y[size_t(rank)]);
+    st.add_f64(p + "y_oracle", {T, H}, r.want[size_t(rank)]);
+  }
+  const auto& full = r.full.config;
+  st.set_metadata("format", "comet-moe-layer");
+  st.set_metadata("format_version", "1");
+  st.set_metadata("model", m.name);
+  st.set_metadata("hidden", std::to_string(m.hidden));
+  st.set_metadata("ffn", std::to_string(m.ffn));
+  st.set_metadata("num_experts", std::to_string(m.num_experts));
+  st.set_metadata("topk", std::to_string(m.topk));
+  st.set_metadata("activation", activation_name(m.activation));
+  st.set_metadata("world", std::to_string(c.layout.world));
+  st.set_metadata("ep", std::to_string(c.layout.ep));
+  st.set_metadata("tp", std::to_string(c.layout.tp));
+  st.set_metadata("dtype", dtype_name(c.dtype));
+  st.set_metadata("seed", std::to_string(r.full.seed));
+  st.set_metadata("routing", r.full.routing.describe());
+  st.set_metadata("mask_fraction", strf("%g", r.full.routing.mask_fraction));
+  st.set_metadata("tokens_per_rank", tokens_text(r.tokens_per_rank));
+  st.set_metadata("full_model", full.model.name);
+  st.set_metadata("full_hidden", std::to_string(full.model.hidden));
+  st.set_metadata("full_ffn", std::to_string(full.model.ffn));
+  st.set_metadata("full_tokens_per_rank", tokens_text(r.full.tokens_per_rank));
+  st.set_metadata("cpu_shape_factor", std::to_string(r.scale.shape_factor));
+  st.set_metadata("cpu_token_factor", std::to_string(r.scale.token_factor));
+  st.set_metadata("rel_l2", strf("%.6e", r.comparison.rel_l2));
+  st.set_metadata("verify", r.pass ? "PASS" : "FAIL");
+  st.write(path);
+  r.saved_bytes = 8 + int64_t(st.header().size()) + st.data_bytes();
+  r.saved_tensors = (is_gated(m.activation) ? 3 : 2) + 5 * int64_t(c.layout.world);
+}
+
+void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& plan) {
+  std::ostream& os = std::cout;
+  const LayerConfig& full = r.full.config;
+  const LayerConfig& c = r.config;
+  os << "comet run: " << config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed)
+     << "\n";
+  os << strf("backend: cpu (%d ranks as threads, %d comm + %d compute workers each, wait "
+             "timeout %d ms)\n",
+             c.layout.world, o.comm_workers, o.compute_workers, o.timeout_ms);
+  if (r.scale.shape_factor > 1) {
+    os << strf("cpu backend: %s scaled down %dx (H %d -> %d, F %d -> %d)", full.model.name.c_str(),
+               r.scale.shape_factor, full.model.hidden, c.model.hidden, full.model.ffn, c.model.ffn);
+  } else {
+    os << strf("cpu backend: %s at full size (H %d, F %d)", full.model.name.c_str(),
+               c.model.hidden, c.model.ffn);
+  }
+  if (r.scale.token_factor > 1) {
+    os << strf(", tokens per rank %s -> %s\n", tokens_text(r.full.tokens_per_rank).c_str(),
+               tokens_text(r.tokens_per_rank).c_str());
+  } else {
+    os << strf(", tokens per rank %s\n", tokens_text(r.tokens_per_rank).c_str());
+  }
+  print_rows_per_expert(os, c, plan, 16);
+  print_rows_per_rank(os, plan);
+  const int world = c.layout.world;
+  if (world <= 16) {
+    print_byte_matrix(os, "bytes per link in this run, src -> dst", world,
+                      [&](int s, int d) { return s == d ? 0.0 : link_bytes(c, plan, s, d); });
+  } else {
+    std::vector<int64_t> bytes;
+    for (int s = 0; s < world; ++s)
+      for (int d = 0; d < world; ++d)
+        if (s != d) bytes.push_back(int64_t(link_bytes(c, plan, s, d)));
+    const IntSummary s = summarize(bytes);
+    os << "bytes per link in this run, src -> dst: min " << format_bytes(double(s.min)) << ", mean "
+       << format_bytes(s.mean()) << ", max " << format_bytes(double(s.max)) << " over "
+       << s.count << " links\n";
+  }
+  os << strf("forward: %s wall (rows landed %lld, tiles that waited %lld, partial rows sent "
+             "%lld); oracle %s\n",
+             format_us(r.forward_us).c_str(), static_cast<long long>(r.stats.rows_landed),
+             static_cast<long long>(r.stats.tiles_waited),
+             static_cast<long long>(r.stats.partial_rows_sent), format_us(r.oracle_us).c_str());
+  os << strf("verify: rel_l2 %.1e max_abs %.1e tolerance %.1e %s (%lld elements vs the fp64 "
+             "oracle",
+             r.comparison.rel_l2, r.comparison.max_abs, r.tolerance, r.pass ? "PASS" : "FAIL",
+             static_cast<long long>(r.comparison.elements));
+  if (r.comparison.non_finite) os << strf(", %lld NaN/Inf", static_cast<long long>(r.comparison.non_finite));
+  os << ")\n";
+  const LayerCost& lc = r.full_cost;
+  os << strf("lower bound, full size on %s (%s, tokens/rank %s, EP %d x TP %d): t_compute %.1f "
+             "us, t_comm %.1f us, t_weights %.1f us -> %.1f us, bound by %s\n",
+             r.gpu.c_str(), full.model.name.c_str(), tokens_text(r.full.tokens_per_rank).c_str(),
+             full.layout.ep, full.layout.tp, lc.t_compute_us, lc.t_comm_us, lc.t_weights_us,
+             lc.lower_bound_us, lc.bound_by.c_str());
+  if (!o.save.empty())
+    os << "saved: " << o.save << " (" << r.saved_tensors << " tensors, "
+       << format_bytes(double(r.saved_bytes)) << ")\n";
+}
+
+void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& plan) {
+  const LayerConfig& c = r.config;
+  nlohmann::json j;
+  j["command"] = "run";
+  j["config"] = config_json(r.full.config, r.full.tokens_per_rank, r.full.routing, r.full.seed);
+  j["backend"] = "cpu";
+  j["cpu_scale"] = {{"shape_factor", r.scale.shape_factor},
+                    {"token_factor", r.scale.token_factor},
+                    {"budget_gflop", o.cpu_budget_gflop}};  // 0: the library's default
+  j["run_config"] = config_json(c, r.tokens_per_rank, r.full.routing, r.full.seed);
+  j["workers"] = {{"comm", o.comm_workers}, {"compute", o.compute_workers},
+                  {"chunk_tokens", o.chunk_tokens}, {"timeout_ms", o.timeout_ms}};
+  j["rows_per_expert"] = rows_per_expert_json(plan);
+  j["rows_per_rank"] = rows_per_rank_json(plan);
+  nlohmann::json links = nlohmann::json::array();
+  for (int s = 0; s < c.layout.world; ++s) {
+    std::vector<double> row;
+    for (int d = 0; d < c.layout.world; ++d) row.push_back(s == d ? 0.0 : link_bytes(c, plan, s, d));
+    links.push_back(row);
+  }
+  j["link_bytes"] = links;
+  j["forward_us"] = r.forward_us;
+  j["oracle_us"] = r.oracle_us;
+  j["stats"] = {{"rows_landed", r.stats.rows_landed},
+                {"tiles_waited", r.stats.tiles_waited},
+                {"partial_rows_sent", r.stats.partial_rows_sent}};
+  j["verify"] = {{"rel_l2", r.comparison.rel_l2},
+                 {"max_abs", r.comparison.max_abs},
+                 {"non_finite", r.comparison.non_finite},
+                 {"elements", r.comparison.elements},
+                 {"tolerance", r.tolerance},
+                 {"pass", r.pass}};
+  const LayerCost& lc = r.full_cost;
+  j["lower_bound"] = {{"gpu", r.gpu},
+                      {"model", r.full.config.model.name},
+                      {"tokens_per_rank", r.full.tokens_per_rank},
+                      {"flops_max_rank", lc.flops_max_rank},
+                      {"link_bytes_max_rank", lc.link_bytes_max_rank},
+                      {"weight_bytes_per_rank", lc.weight_bytes_per_rank},
+                      {"t_compute_us", lc.t_compute_us},
+                      {"t_comm_us", lc.t_comm_us},
+                      {"t_weights_us", lc.t_weights_us},
+                      {"lower_bound_us", lc.lower_bound_us},
+                      {"bound_by", lc.bound_by}};
+  if (!o.save.empty()) {
+    j["saved"] = {{"path", o.save}, {"tensors", r.saved_tensors}, {"bytes", r.saved_bytes}};
+  } else {
+    j["saved"] = nullptr;
+  }
+  std::cout << j.dump(2) << "\n";
+}
+
+}  // namespace
+
+CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "run", "one MoE layer forward across W ranks, verified against the fp64 oracle");
+  add_workload_options(*cmd, o.workload, kCpuTiles);
+  cmd->add_option("--backend", o.backend, "auto, cpu or cuda")->capture_default_str()->group("Backend");
+  cmd->add_option("--comm-workers", o.comm_workers, "cpu: communication workers per rank")
+      ->capture_default_str()
+      ->group("Backend");
+  cmd->add_option("--compute-workers", o.compute_workers, "cpu: GEMM workers per rank")
+      ->capture_default_str()
+      ->group("Backend");
+  cmd->add_option("--chunk-tokens", o.chunk_tokens, "tokens per communication chunk")
+      ->capture_default_str()
+      ->group("Backend");
+  cmd->add_option("--timeout-ms", o.timeout_ms, "timeout of every signal wait")
+      ->capture_default_str()
+      ->group("Backend");
+  cmd->add_option("--cpu-budget-gflop", o.cpu_budget_gflop,
+                  "cpu: scale the workload down until one forward is at most this much work "
+                  "(default: the library's budget)")
+      ->group("Backend");
+  cmd->add_option("--gpu", o.gpu, "GPU of the full-size lower bound")->capture_default_str()->group("Output");
+  cmd->add_option("--save", o.save, "write inputs, weights and outputs to FILE.safetensors")
+      ->group("Output");
+  cmd->add_flag("--json", o.json, "print one JSON object instead of the text report")->group("Output");
+  return cmd;
+}
+
+int run_command(const RunOptions& o) {
+  RunResult r;
+  r.full = build_workload(o.workload, kCpuTiles);
+
+  // Backend and run options.
+  if (o.backend == "cuda")
+    throw UsageError("the CUDA backend is not built into this version yet; use --backend cpu");
+  if (o.backend != "auto" && o.backend != "cpu")
+    throw UsageError("--backend must be auto, cpu or cuda, not \"" + o.backend + "\"");
+  if (o.comm_workers < 1 || o.comm_workers > 64)
+    throw UsageError("--comm-workers must be within [1, 64], not " + std::to_string(o.comm_workers));
+  if (o.compute_workers < 1 || o.compute_workers > 64)
+    throw UsageError("--compute-workers must be within [1, 64], not " +
+                     std::to_string(o.compute_workers));
+  if (o.chunk_tokens < 1)
+    throw UsageError("--chunk-tokens must be positive, not " + std::to_string(o.chunk_tokens));
+  if (o.timeout_ms < 1)
+    throw UsageError("--timeout-ms must be positive, not " + std::to_string(o.timeout_ms));
+  if (!(o.cpu_budget_gflop >= 0))
+    throw UsageError("--cpu-budget-gflop must be positive (0: the default budget)");
+  {
+    std::string names;
+    bool known = false;
+    for (const auto& g : gpu_specs()) {
+      names += (names.empty() ? "" : ", ") + g.name;
+      known = known || g.name == o.gpu;
+    }
+    if (!known) throw UsageError("--gpu: unknown GPU \"" + o.gpu + "\" (known: " + names + ")");
+    r.gpu = o.gpu;
+  }
+  const std::string& save = o.save;
+  if (!save.empty()) {
+    // Fail before the run, not after it: a missing directory is a typo, not a runtime failure.
+    const auto dir = std::filesystem::path(save).parent_path();
+    if (!dir.empty() && !std::filesystem::is_directory(dir))
+      throw UsageError("--save: directory \"" + dir.string() + "\" does not exist");
+  }
+
+  // Scale for the CPU backend: same E, topk, layout and routing; smaller H, F and tokens.
+  const LayerConfig& full = r.full.config;
+  r.scale = o.cpu_budget_gflop > 0
+                ? choose_cpu_scale(full.model, full.layout.world, full.max_tokens_per_rank,
+                                   o.cpu_budget_gflop * 1e9)
+                : choose_cpu_scale(full.model, full.layout.world, full.max_tokens_per_rank);
+  r.config = full;
+  r.config.model = full.model.scaled_down(r.scale.shape_factor);
+  for (int t : r.full.tokens_per_rank)
+    r.tokens_per_rank.push_back(t == 0 ? 0 : std::max(1, t / r.scale.token_factor));
+  r.config.max_tokens_per_rank = *std::max_element(r.tokens_per_rank.begin(), r.tokens_per_rank.end());
+  if (const Status s = r.config.validate(); !s)
+    throw UsageError("the workload scaled down " + std::to_string(r.scale.shape_factor) +
+                     "x for the CPU backend cannot run: " + user_message(s.reason));
+
+  // The problem, the forward pass and the oracle.
+  MoeProblem problem = make_problem(r.config, r.tokens_per_rank, r.full.routing, r.full.seed);
+  ref::RefOptions ro;
+  ro.comm_workers = o.comm_workers;
+  ro.compute_workers = o.compute_workers;
+  ro.comm_chunk_tokens = o.chunk_tokens;
+  ro.timeout = std::chrono::milliseconds(o.timeout_ms);
+  ref::RefBackend backend(r.config, ro);
+  backend.set_weights(problem.weights);
+  auto t0 = std::chrono::steady_clock::now();
+  r.y = backend.forward(problem.x, problem.routing);
+  r.forward_us = elapsed_us(t0);
+  r.stats = backend.last_stats();
+  t0 = std::chrono::steady_clock::now();
+  r.want = ref::oracle_forward(problem);
+  r.oracle_us = elapsed_us(t0);
+  COMET_CHECK(r.y.size() == r.want.size(), "the backend returned " << r.y.size()
+                                                                   << " ranks of output, expected "
+                                                                   << r.want.size());
+  for (size_t rank = 0; rank < r.y.size(); ++rank)
+    COMET_CHECK(r.y[rank].size() == r.want[rank].size(),
+                "rank " << rank << " output has " << r.y[rank].size() << " values, expected "
+                        << r.want[rank].size());
+  r.comparison = ref::compare_outputs(r.y, r.want);
+  r.tolerance = ref::tolerance_for(r.config.dtype);
+  r.pass = r.comparison.within(r.tolerance);
+
+  const DispatchPlan plan(r.config, problem.routing);
+
+  // Lower bound of the same workload at full size, on a GPU's tiles.
+  LayerConfig full_gpu = full;
+  full_gpu.tiles = TileConfig{};
+  const DispatchPlan plan_full(full_gpu, generate_all_routing(r.full));
+  r.full_cost = layer_cost(full_gpu, plan_full, gpu_spec(o.gpu));
+
+  if (!save.empty()) save_run(save, problem, r);
+  if (o.json) {
+    print_json(o, r, plan);
+  } else {
+    print_text(o, r, plan);
+  }
+  return r.pass ? kExitOk : kExitVerifyFailed;
+}
+
+}  // namespace comet::tools

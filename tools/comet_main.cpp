@@ -1,0 +1,64 @@
+// tools/comet_main.cpp: entry point of the `comet` command-line tool.
+//
+//   comet run  --model mixtral-8x7b --ep 8          (one verified MoE layer forward)
+//   comet plan --model deepseek-v3 --ep 8 --rank 0  (dispatch plan and tile schedules)
+//   comet run --help                                (every option of a subcommand)
+//
+// Every failure ends here as exactly one line `comet: error: <reason>` on stderr and an exit
+// code: 2 for bad input (including CLI11's own parse errors, whose codes are remapped), 3 for a
+// runtime failure such as a protocol timeout; 1 is reserved for a failed verification.
+#include <exception>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "cli_common.h"
+#include "comet/error.h"
+#include "commands.h"
+
+#ifndef COMET_VERSION
+#define COMET_VERSION "unknown"
+#endif
+
+namespace {
+
+int fail(int code, const std::string& message) {
+  std::cout.flush();
+  std::cerr << "comet: error: " << comet::tools::one_line(message) << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace comet::tools;
+  CLI::App app{"comet: fine-grained computation/communication overlap for MoE layers"};
+  app.name("comet");
+  app.set_version_flag("--version", std::string("comet ") + COMET_VERSION);
+  app.require_subcommand(1);
+  RunOptions run_options;
+  PlanOptions plan_options;
+  CLI::App* run_cmd = add_run_command(app, run_options);
+  CLI::App* plan_cmd = add_plan_command(app, plan_options);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    return fail(kExitUsage, std::string(e.what()) + " (see comet --help)");
+  }
+
+  try {
+    if (run_cmd->parsed()) return run_command(run_options);
+    if (plan_cmd->parsed()) return plan_command(plan_options);
+    return fail(kExitUsage, "no subcommand (see comet --help)");
+  } catch (const UsageError& e) {
+    return fail(kExitUsage, e.what());
+  } catch (const comet::TimeoutError& e) {
+    return fail(kExitRuntime, std::string("protocol timeout: ") + e.what());
+  } catch (const comet::Error& e) {
+    return fail(kExitRuntime, e.what());
+  } catch (const std::exception& e) {
+    return fail(kExitRuntime, std::string("unexpected failure: ") + e.what());
+  }
+}

@@ -1,0 +1,44 @@
+// tools/commands.h: the `comet` subcommands. Each registers its options on the CLI11 app and
+// runs from the parsed options, returning the process exit code (tools/cli_common.h).
+//
+//   comet run  --model mixtral-8x7b --ep 8
+//   comet plan --model deepseek-v3 --ep 8 --rank 3
+//
+// Bad input throws UsageError; main() turns it (and any other exception) into one line on
+// stderr and an exit code, so no subcommand prints errors itself.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli_common.h"
+
+namespace comet::tools {
+
+struct RunOptions {
+  WorkloadOptions workload;
+  std::string backend = "auto";
+  int comm_workers = 2;
+  int compute_workers = 2;
+  int chunk_tokens = 16;
+  int timeout_ms = 5000;
+  double cpu_budget_gflop = 0;    // CPU work of one forward before scaling; 0: the library's
+  std::string gpu = "H200";       // the GPU the full-size lower bound is computed for
+  std::string save;
+  bool json = false;
+};
+CLI::App* add_run_command(CLI::App& app, RunOptions& options);
+int run_command(const RunOptions& options);
+
+struct PlanOptions {
+  WorkloadOptions workload;
+  int rank = 0;
+  int max_lines = 40;
+  int chunk_tokens = 16;
+  bool json = false;
+};
+CLI::App* add_plan_command(CLI::App& app, PlanOptions& options);
+int plan_command(const PlanOptions& options);
+
+}  // namespace comet::tools
