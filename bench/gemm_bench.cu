@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "bench/cublas_experts.h"
 #include "bench/gemm_bench.h"
@@ -54,9 +55,9 @@ __global__ void fill_w0_kernel(__nv_bfloat16* concat, __nv_bfloat16* packed, int
     const int col = up ? r - f : r;
     const __nv_bfloat16 v = __float2bfloat16(hash_value(stream, i, scale));
     concat[i] = v;
-    const int block = col / comet::cuda::kSwiGluHalf, within = col % comet::cuda::kSwiGluHalf;
-    const size_t prow = size_t(e) * packed_rows + size_t(block) * 2 * comet::cuda::kSwiGluHalf +
-                        (up ? comet::cuda::kSwiGluHalf : 0) + within;
+    const int block = col / comet::cuda::kSwiGluPack, within = col % comet::cuda::kSwiGluPack;
+    const size_t prow = size_t(e) * packed_rows + size_t(block) * 2 * comet::cuda::kSwiGluPack +
+                        (up ? comet::cuda::kSwiGluPack : 0) + within;
     packed[prow * h + k] = v;
   }
 }
@@ -116,39 +117,47 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       fill_w0_kernel<<<1024, 256>>>(w0_concat.ptr, w0_packed.ptr, E, F, H, packed_rows, 4, 1.f / std::sqrt(float(H)));
       COMET_CUDA_CHECK_LAUNCH();
 
-      // Device schedules (built once; in a layer they come from the metadata kernel).
-      Device<int32_t> d_rows(E), n_tiles0(1), n_tiles1(1);
+      // Device schedules (built once; in a layer they come from the metadata kernel), one per
+      // kernel configuration since their tile widths differ.
+      Device<int32_t> d_rows(E);
       COMET_CUDA_CHECK(cudaMemcpy(d_rows.ptr, rows.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
-      const int nb0 = cuda::gemm_num_n_blocks(cuda::GemmEpilogue::kSwiGlu, F);
-      const int nb1 = cuda::gemm_num_n_blocks(cuda::GemmEpilogue::kIdentity, H);
-      const int64_t cap0 = cuda::max_gemm_tiles(max_rows, E, nb0), cap1 = cuda::max_gemm_tiles(max_rows, E, nb1);
-      Device<cuda::GemmTile> tiles0(cap0), tiles1(cap1);
       Device<cuda::DeviceError> error(1);
       COMET_CUDA_CHECK(cudaMemset(error.ptr, 0, sizeof(cuda::DeviceError)));
-      cuda::build_gemm_tiles(d_rows.ptr, E, nb0, cuda::TileOrder::kRowMajor, tiles0.ptr, n_tiles0.ptr, cap0, stream);
-      cuda::build_gemm_tiles(d_rows.ptr, E, nb1, cuda::TileOrder::kColumnBlockMajor, tiles1.ptr, n_tiles1.ptr, cap1, stream);
-
-      cuda::GroupedGemmArgs g0;
-      g0.epilogue = cuda::GemmEpilogue::kSwiGlu;
-      g0.num_experts = E;
-      g0.max_rows = max_rows;
-      g0.n = F;
-      g0.k = H;
-      g0.a = a.ptr;
-      g0.b = w0_packed.ptr;
-      g0.d = inter.ptr;  // GEMM0 output overwrites GEMM1's input: both are timed separately
-      g0.tiles = tiles0.ptr;
-      g0.num_tiles = n_tiles0.ptr;
-      g0.error = error.ptr;
-      cuda::GroupedGemmArgs g1 = g0;
-      g1.epilogue = cuda::GemmEpilogue::kIdentity;
-      g1.n = H;
-      g1.k = F;
-      g1.a = inter.ptr;
-      g1.b = w1.ptr;
-      g1.d = out1.ptr;
-      g1.tiles = tiles1.ptr;
-      g1.num_tiles = n_tiles1.ptr;
+      struct Schedule {
+        std::unique_ptr<Device<cuda::GemmTile>> tiles;
+        std::unique_ptr<Device<int32_t>> count;
+      };
+      auto schedule = [&](cuda::GemmEpilogue epi, int n, cuda::GemmKernel kernel, cuda::TileOrder order) {
+        const int nb = cuda::gemm_num_n_blocks(epi, n, kernel);
+        const int64_t cap = cuda::max_gemm_tiles(max_rows, E, nb);
+        Schedule s{std::make_unique<Device<cuda::GemmTile>>(cap), std::make_unique<Device<int32_t>>(1)};
+        cuda::build_gemm_tiles(d_rows.ptr, E, nb, order, s.tiles->ptr, s.count->ptr, cap, stream);
+        return s;
+      };
+      auto make_args = [&](cuda::GemmEpilogue epi, cuda::GemmKernel kernel, int n, int k, const void* in,
+                           const void* w, void* out, const Schedule& s) {
+        cuda::GroupedGemmArgs g;
+        g.epilogue = epi;
+        g.kernel = kernel;
+        g.num_experts = E;
+        g.max_rows = max_rows;
+        g.n = n;
+        g.k = k;
+        g.a = in;
+        g.b = w;
+        g.d = out;
+        g.tiles = s.tiles->ptr;
+        g.num_tiles = s.count->ptr;
+        g.error = error.ptr;
+        return g;
+      };
+      const auto kSwiGlu = cuda::GemmEpilogue::kSwiGlu, kIdentity = cuda::GemmEpilogue::kIdentity;
+      // GEMM0's output is GEMM1's input buffer: both are timed separately on fixed inputs.
+      const cuda::GemmKernel k0 = cuda::choose_gemm_kernel(kSwiGlu, F, H), k1 = cuda::choose_gemm_kernel(kIdentity, H, F);
+      const Schedule s0s = schedule(kSwiGlu, F, k0, cuda::TileOrder::kRowMajor);
+      const Schedule s1s = schedule(kIdentity, H, k1, cuda::TileOrder::kColumnBlockMajor);
+      const cuda::GroupedGemmArgs g0 = make_args(kSwiGlu, k0, F, H, a.ptr, w0_packed.ptr, inter.ptr, s0s);
+      const cuda::GroupedGemmArgs g1 = make_args(kIdentity, k1, H, F, inter.ptr, w1.ptr, out1.ptr, s1s);
 
       ExpertGemmShapes s0{rows, offsets, 2 * F, H}, s1{rows, offsets, H, F};
       struct Gemm {
@@ -177,13 +186,14 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
         row.n = g.args.n;
         row.k = g.args.k;
         row.flop = 2.0 * total_rows * double(g.shapes.n) * g.shapes.k;
+        row.kernel = cuda::gemm_kernel_name(g.args.kernel);
         row.ours_us = us[0];
         row.cublas_loop_us = us[1];
         row.cublas_grouped_us = us[2];
         out.push_back(row);
       }
 
-      // Verify: run each once more and compare sampled elements with cuBLAS's output.
+      // Verify: run once more and compare sampled elements with cuBLAS's output.
       cuda::run_grouped_gemm(g0, stream);
       cublas.per_expert_loop(s0, a.ptr, w0_concat.ptr, c0.ptr, stream);
       COMET_CUDA_CHECK(cudaStreamSynchronize(stream));

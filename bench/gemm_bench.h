@@ -23,6 +23,7 @@ struct GemmBenchRow {
   std::string model, gemm;  // gemm: "gemm0+swiglu" or "gemm1"
   int tokens = 0, experts = 0, rows = 0, n = 0, k = 0;
   double flop = 0;
+  std::string kernel;  // the configuration kAuto chose
   double ours_us = 0, cublas_loop_us = 0, cublas_grouped_us = 0;
   double max_rel_err = 0;  // ours vs cuBLAS on sampled elements
   bool verified = false;

@@ -2,6 +2,7 @@
 //
 //   comet run  --model mixtral-8x7b --ep 8          (one verified MoE layer forward)
 //   comet plan --model deepseek-v3 --ep 8 --rank 0  (dispatch plan and tile schedules)
+//   comet bench gemm --models mixtral-8x7b          (grouped GEMM vs cuBLAS, needs a GPU)
 //   comet run --help                                (every option of a subcommand)
 //
 // Every failure ends here as exactly one line `comet: error: <reason>` on stderr and an exit
@@ -40,6 +41,9 @@ int main(int argc, char** argv) {
   PlanOptions plan_options;
   CLI::App* run_cmd = add_run_command(app, run_options);
   CLI::App* plan_cmd = add_plan_command(app, plan_options);
+  BenchOptions bench_options;
+  CLI::App* bench_gemm_cmd = nullptr;
+  add_bench_command(app, bench_options, &bench_gemm_cmd);
 
   try {
     app.parse(argc, argv);
@@ -51,6 +55,7 @@ int main(int argc, char** argv) {
   try {
     if (run_cmd->parsed()) return run_command(run_options);
     if (plan_cmd->parsed()) return plan_command(plan_options);
+    if (bench_gemm_cmd->parsed()) return bench_gemm_command(bench_options);
     return fail(kExitUsage, "no subcommand (see comet --help)");
   } catch (const UsageError& e) {
     return fail(kExitUsage, e.what());

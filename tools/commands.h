@@ -8,7 +8,9 @@
 // stderr and an exit code, so no subcommand prints errors itself.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -40,5 +42,19 @@ struct PlanOptions {
 };
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& options);
 int plan_command(const PlanOptions& options);
+
+// comet bench gemm: the grouped GEMM against cuBLAS (bench/gemm_bench.h). Needs a build with
+// CUDA and a GPU; otherwise it fails with a clear message.
+struct BenchOptions {
+  std::vector<std::string> models;  // empty: every preset
+  std::vector<int> tokens{2048, 4096, 8192};
+  int ep = 8;
+  int iters = 20;
+  double warmup_ms = 300;
+  uint64_t seed = 1;
+  bool json = false;
+};
+CLI::App* add_bench_command(CLI::App& app, BenchOptions& options, CLI::App** gemm);
+int bench_gemm_command(const BenchOptions& options);
 
 }  // namespace comet::tools

@@ -8,13 +8,42 @@
 
 namespace comet::cuda {
 
+const char* gemm_kernel_name(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::kAuto: return "auto";
+    case GemmKernel::kCooperative128x256: return "cooperative-128x256";
+  }
+  return "?";
+}
+
+int gemm_tile_n(GemmKernel kernel) {
+  (void)kernel;  // every configuration so far is 256 columns wide
+  return 256;
+}
+
+GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k) {
+  (void)epilogue;
+  (void)n;
+  (void)k;
+  return GemmKernel::kCooperative128x256;
+}
+
+GemmKernel resolve_gemm_kernel(const GroupedGemmArgs& a) {
+  return a.kernel == GemmKernel::kAuto ? choose_gemm_kernel(a.epilogue, a.n, a.k) : a.kernel;
+}
+
 int gemm_b_rows(GemmEpilogue epilogue, int n) {
-  if (epilogue == GemmEpilogue::kSwiGlu) return 2 * ((n + kSwiGluHalf - 1) / kSwiGluHalf) * kSwiGluHalf;
+  if (epilogue == GemmEpilogue::kSwiGlu) return 2 * ((n + kSwiGluPack - 1) / kSwiGluPack) * kSwiGluPack;
   return n;
 }
 
-int gemm_num_n_blocks(GemmEpilogue epilogue, int n) {
-  const int out_n = epilogue == GemmEpilogue::kSwiGlu ? kSwiGluHalf : 2 * kSwiGluHalf;
+int gemm_out_tile_n(GemmEpilogue epilogue, GemmKernel kernel) {
+  const int tile_n = gemm_tile_n(kernel);
+  return epilogue == GemmEpilogue::kSwiGlu ? tile_n / 2 : tile_n;
+}
+
+int gemm_num_n_blocks(GemmEpilogue epilogue, int n, GemmKernel kernel) {
+  const int out_n = gemm_out_tile_n(epilogue, kernel);
   return (n + out_n - 1) / out_n;
 }
 
@@ -126,9 +155,9 @@ std::vector<uint16_t> pack_swiglu_weights(const std::vector<float>& gate, const 
   std::vector<uint16_t> out(size_t(num_experts) * n_b * k, 0);  // zero rows pad the last block
   for (int e = 0; e < num_experts; ++e)
     for (int col = 0; col < n; ++col) {
-      const int block = col / kSwiGluHalf, within = col % kSwiGluHalf;
-      const size_t gate_row = size_t(e) * n_b + size_t(block) * 2 * kSwiGluHalf + within;
-      const size_t up_row = gate_row + kSwiGluHalf;
+      const int block = col / kSwiGluPack, within = col % kSwiGluPack;
+      const size_t gate_row = size_t(e) * n_b + size_t(block) * 2 * kSwiGluPack + within;
+      const size_t up_row = gate_row + kSwiGluPack;
       for (int kk = 0; kk < k; ++kk) {
         out[gate_row * k + kk] = float_to_bf16_bits(gate[e * per + size_t(kk) * n + col]);
         out[up_row * k + kk] = float_to_bf16_bits(up[e * per + size_t(kk) * n + col]);

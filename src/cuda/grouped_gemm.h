@@ -6,9 +6,10 @@
 //                           kGemmBlockM (padded segments, see expert_row_offsets())
 //   B  [E][n_b][k]          per-expert weight, "N x K" (the transpose of x W's W)
 //                           identity epilogue: n_b = n
-//                           SwiGLU: n_b = 2 * round_up(n, kSwiGluHalf); for column block j,
-//                           rows [j*2*half, j*2*half + half) are gate columns j*half.. and the
-//                           next `half` rows the matching up columns (pack_swiglu_weights())
+//                           SwiGLU: n_b = 2 * round_up(n, kSwiGluPack); rows alternate between
+//                           kSwiGluPack gate columns and the kSwiGluPack matching up columns
+//                           (pack_swiglu_weights()), so any tile whose width is a multiple of
+//                           2 * kSwiGluPack holds both halves of its output columns
 //   D  [max_rows][n]        output (SwiGLU: silu(gate) * up, n columns)
 // Schedule: `tiles` holds GemmTile entries in run order (built on the device by
 // build_gemm_tiles, or by the layer's metadata kernel); `num_tiles` is read on the device, so
@@ -31,10 +32,19 @@ struct CUstream_st;
 
 namespace comet::cuda {
 
-inline constexpr int kGemmBlockM = 128;   // rows per tile; expert segments align to it
-inline constexpr int kSwiGluHalf = 128;   // output columns per SwiGLU tile (B tile = 2x)
+inline constexpr int kGemmBlockM = 128;  // rows per tile; expert segments align to it
+inline constexpr int kSwiGluPack = 64;   // gate/up interleave of the SwiGLU weight layout
 
 enum class GemmEpilogue : int32_t { kIdentity, kSwiGlu };
+
+// Kernel configurations (one translation unit each per epilogue). Cooperative: both consumer
+// warpgroups share each 128 x 256 tile. The enum is the tuning knob for further tile shapes;
+// kAuto resolves per shape (choose_gemm_kernel).
+enum class GemmKernel : int32_t { kAuto, kCooperative128x256 };
+const char* gemm_kernel_name(GemmKernel kernel);
+// Columns of B per tile.
+int gemm_tile_n(GemmKernel kernel);
+GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k);
 
 // One unit of work: rows [m_row, m_row + kGemmBlockM) of A, output column block n_block of
 // expert `expert`; `signal` indexes wait_flags/wait_targets (ignored without them).
@@ -61,6 +71,7 @@ inline constexpr int kRasterGroupN = 8;
 
 struct GroupedGemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::kIdentity;
+  GemmKernel kernel = GemmKernel::kAuto;  // the schedule's n blocks must match its tile width
   int num_experts = 0;
   int max_rows = 0;  // rows allocated in A and D
   int n = 0;         // output columns
@@ -81,16 +92,19 @@ struct GroupedGemmArgs {
   int layer = -1;
 };
 
-// Columns of B for this epilogue (see the layout above).
+// Rows of B for this epilogue (see the layout above).
 int gemm_b_rows(GemmEpilogue epilogue, int n);
-// Column blocks of the output (the n_block range of the schedule).
-int gemm_num_n_blocks(GemmEpilogue epilogue, int n);
+// Output columns per tile, and column blocks of the output (the n_block range of a schedule).
+int gemm_out_tile_n(GemmEpilogue epilogue, GemmKernel kernel);
+int gemm_num_n_blocks(GemmEpilogue epilogue, int n, GemmKernel kernel);
+// kAuto resolved for these shapes; other values unchanged.
+GemmKernel resolve_gemm_kernel(const GroupedGemmArgs& args);
 // Whether the kernel can run these shapes, and why not.
 Status can_implement(const GroupedGemmArgs& args);
 // Launch (asynchronous on `stream`). Throws comet::Error if !can_implement.
 void run_grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream);
 // Shared memory and threads of one block (for occupancy checks and fused kernels).
-int grouped_gemm_smem_bytes(GemmEpilogue epilogue);
+int grouped_gemm_smem_bytes(GemmEpilogue epilogue, GemmKernel kernel);
 
 // Padded row offsets of expert segments: offsets[e] = sum_{e'<e} round_up(rows[e'], kGemmBlockM).
 std::vector<int> expert_row_offsets(const std::vector<int>& rows_per_expert);

@@ -26,9 +26,11 @@ struct GemmCase {
   int k, n;
   std::vector<int> rows;  // per expert
   uint64_t seed;
+  GemmKernel kernel = GemmKernel::kCooperative128x256;
   std::string describe() const {
     std::ostringstream os;
-    os << name << " epilogue=" << (epilogue == GemmEpilogue::kSwiGlu ? "swiglu" : "identity") << " K=" << k
+    os << name << " kernel=" << gemm_kernel_name(kernel)
+       << " epilogue=" << (epilogue == GemmEpilogue::kSwiGlu ? "swiglu" : "identity") << " K=" << k
        << " N=" << n << " E=" << rows.size() << " rows=[";
     for (size_t e = 0; e < rows.size() && e < 12; ++e) os << (e ? "," : "") << rows[e];
     if (rows.size() > 12) os << ",...";
@@ -53,9 +55,9 @@ __global__ void reference_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b,
     for (int i = 0; i < k; ++i) acc += __bfloat162float(arow[i]) * __bfloat162float(brow[i]);
     d[size_t(row) * n + col] = acc;
   } else {
-    const int block = col / kSwiGluHalf, within = col % kSwiGluHalf;
-    const __nv_bfloat16* g = b + (size_t(e) * n_b + size_t(block) * 2 * kSwiGluHalf + within) * k;
-    const __nv_bfloat16* u = g + size_t(kSwiGluHalf) * k;
+    const int block = col / kSwiGluPack, within = col % kSwiGluPack;
+    const __nv_bfloat16* g = b + (size_t(e) * n_b + size_t(block) * 2 * kSwiGluPack + within) * k;
+    const __nv_bfloat16* u = g + size_t(kSwiGluPack) * k;
     float ga = 0, ua = 0;
     for (int i = 0; i < k; ++i) {
       const float x = __bfloat162float(arow[i]);
@@ -133,7 +135,7 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
   const int E = int(c.rows.size());
   DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
   DeviceBuffer<int32_t> rows(std::vector<int32_t>(c.rows.begin(), c.rows.end()));
-  const int nb = gemm_num_n_blocks(c.epilogue, c.n);
+  const int nb = gemm_num_n_blocks(c.epilogue, c.n, c.kernel);
   const int64_t capacity = max_gemm_tiles(p.max_rows, E, nb);
   DeviceBuffer<GemmTile> tiles(capacity);
   DeviceBuffer<int32_t> num_tiles(1);
@@ -143,6 +145,7 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
   build_gemm_tiles(rows.get(), E, nb, order, tiles.get(), num_tiles.get(), capacity, nullptr);
   GroupedGemmArgs args;
   args.epilogue = c.epilogue;
+  args.kernel = c.kernel;
   args.num_experts = E;
   args.max_rows = p.max_rows;
   args.n = c.n;
@@ -233,6 +236,8 @@ std::vector<int> preset_rows(const ModelShape& m, int tokens_per_rank, uint64_t 
   return rows;
 }
 
+constexpr GemmKernel kKernels[] = {GemmKernel::kCooperative128x256};
+
 class GroupedGemmPresetTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GroupedGemmPresetTest, MatchesReferenceForBothLayers) {
@@ -240,9 +245,10 @@ TEST_P(GroupedGemmPresetTest, MatchesReferenceForBothLayers) {
   const ModelShape& m = ModelPresets::get(GetParam());
   const int tokens = 512 / m.topk;  // about 512 rows per rank: the naive reference stays quick
   const std::vector<int> rows = preset_rows(m, tokens, 11);
+  for (GemmKernel kernel : kKernels)
   for (auto [epilogue, k, n] : {std::tuple{GemmEpilogue::kSwiGlu, m.hidden, m.ffn},
                                 std::tuple{GemmEpilogue::kIdentity, m.ffn, m.hidden}}) {
-    const GemmCase c{GetParam(), epilogue, k, n, rows, 1234 + uint64_t(k)};
+    const GemmCase c{GetParam(), epilogue, k, n, rows, 1234 + uint64_t(k), kernel};
     SCOPED_TRACE(c.describe());
     const GemmProblem p = make_gemm_problem(c);
     const TileOrder order = epilogue == GemmEpilogue::kSwiGlu ? TileOrder::kRowMajor : TileOrder::kColumnBlockMajor;
@@ -263,9 +269,10 @@ INSTANTIATE_TEST_SUITE_P(Presets, GroupedGemmPresetTest,
 
 TEST(GroupedGemm, SkewedZeroAndPartialExperts) {
   COMET_REQUIRE_GPU();
+  for (GemmKernel kernel : kKernels)
   for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
     // Empty experts, one-row experts, a tile-multiple, and one expert holding most rows.
-    const GemmCase c{"skewed", epilogue, 512, 384, {0, 1, 700, 0, 128, 129, 3, 0}, 77};
+    const GemmCase c{"skewed", epilogue, 512, 384, {0, 1, 700, 0, 128, 129, 3, 0}, 77, kernel};
     SCOPED_TRACE(c.describe());
     const GemmProblem p = make_gemm_problem(c);
     const GemmRun run = run_case(p, TileOrder::kRowMajor);
@@ -277,8 +284,9 @@ TEST(GroupedGemm, SkewedZeroAndPartialExperts) {
 TEST(GroupedGemm, KAndNTailsAreZeroFilled) {
   COMET_REQUIRE_GPU();
   // K = 200 and N = 200 are not multiples of the 64 / 128 / 256 tile sizes.
+  for (GemmKernel kernel : kKernels)
   for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
-    const GemmCase c{"tails", epilogue, 200, 200, {5, 130, 0, 64}, 5};
+    const GemmCase c{"tails", epilogue, 200, 200, {5, 130, 0, 64}, 5, kernel};
     SCOPED_TRACE(c.describe());
     const GemmProblem p = make_gemm_problem(c);
     const GemmRun run = run_case(p, TileOrder::kColumnBlockMajor);
@@ -350,10 +358,11 @@ __global__ void release_after(uint64_t* flag, uint64_t delay_ns, uint64_t* relea
 
 TEST(GroupedGemm, LateSignalDelaysOnlyItsTiles) {
   COMET_REQUIRE_GPU();
-  const GemmCase c{"late", GemmEpilogue::kIdentity, 512, 512, {256, 256, 256, 256}, 9};
+  const GemmCase c{"late", GemmEpilogue::kIdentity, 512, 512, {256, 256, 256, 256}, 9,
+                   GemmKernel::kCooperative128x256};
   const GemmProblem p = make_gemm_problem(c);
   const int signals = p.max_rows / kGemmBlockM, late = 5;
-  const int E = int(c.rows.size()), nb = gemm_num_n_blocks(c.epilogue, c.n);
+  const int E = int(c.rows.size()), nb = gemm_num_n_blocks(c.epilogue, c.n, c.kernel);
   std::vector<uint64_t> flags(signals, 1), targets(signals, 1);
   flags[late] = 0;
   DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
@@ -376,6 +385,7 @@ TEST(GroupedGemm, LateSignalDelaysOnlyItsTiles) {
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&signal_stream, cudaStreamNonBlocking));
   GroupedGemmArgs args;
   args.epilogue = c.epilogue;
+  args.kernel = c.kernel;
   args.num_experts = E;
   args.max_rows = p.max_rows;
   args.n = c.n;
@@ -419,9 +429,11 @@ TEST(GroupedGemm, LateSignalDelaysOnlyItsTiles) {
 
 TEST(GroupedGemm, DoneFlagsCountTilesPerColumnBlock) {
   COMET_REQUIRE_GPU();
-  const GemmCase c{"done", GemmEpilogue::kIdentity, 256, 768, {300, 0, 129}, 4};
+  for (GemmKernel kernel : kKernels) {
+  const GemmCase c{"done", GemmEpilogue::kIdentity, 256, 768, {300, 0, 129}, 4, kernel};
+  SCOPED_TRACE(c.describe());
   const GemmProblem p = make_gemm_problem(c);
-  const int E = int(c.rows.size()), nb = gemm_num_n_blocks(c.epilogue, c.n);
+  const int E = int(c.rows.size()), nb = gemm_num_n_blocks(c.epilogue, c.n, c.kernel);
   DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
   DeviceBuffer<int32_t> rows(std::vector<int32_t>(c.rows.begin(), c.rows.end()));
   const int64_t capacity = max_gemm_tiles(p.max_rows, E, nb);
@@ -434,6 +446,7 @@ TEST(GroupedGemm, DoneFlagsCountTilesPerColumnBlock) {
   build_gemm_tiles(rows.get(), E, nb, TileOrder::kColumnBlockMajor, tiles.get(), num_tiles.get(), capacity, nullptr);
   GroupedGemmArgs args;
   args.epilogue = c.epilogue;
+  args.kernel = c.kernel;
   args.num_experts = E;
   args.max_rows = p.max_rows;
   args.n = c.n;
@@ -450,6 +463,7 @@ TEST(GroupedGemm, DoneFlagsCountTilesPerColumnBlock) {
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
     const int m_tiles = (300 + 127) / 128 + (129 + 127) / 128;
     for (uint64_t v : done.download()) EXPECT_EQ(v, uint64_t(call) * m_tiles);
+  }
   }
 }
 
