@@ -12,6 +12,9 @@ const char* wait_role_name(WaitRole role) {
     case WaitRole::kCommColumnBlock: return "layer1 column block completion";
     case WaitRole::kCommArrivals: return "partial rows from a peer";
     case WaitRole::kBarrier: return "barrier";
+    case WaitRole::kBadTokenCount: return "token count within T_max";
+    case WaitRole::kBadExpertId: return "expert id within [-1, E)";
+    case WaitRole::kRowOverflow: return "rows within the buffer bound";
   }
   return "unknown";
 }
@@ -19,6 +22,11 @@ const char* wait_role_name(WaitRole role) {
 std::string describe(const DeviceError& e) {
   std::ostringstream os;
   if (!e.claimed) return "no error";
+  if (e.role >= int32_t(WaitRole::kBadTokenCount)) {
+    os << "rank " << e.rank << ": bad input from rank " << e.signal << ": expected "
+       << wait_role_name(WaitRole(e.role)) << " (bound " << e.expected << "), got " << e.observed;
+    return os.str();
+  }
   if (e.rank >= 0) os << "rank " << e.rank << " ";
   if (e.layer >= 0) os << "layer" << e.layer << " ";
   os << "block " << e.block << ": timed out waiting for " << wait_role_name(WaitRole(e.role))

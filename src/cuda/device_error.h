@@ -17,6 +17,11 @@ enum class WaitRole : int32_t {
   kCommColumnBlock = 2, // comm block waiting for a layer1 column block
   kCommArrivals = 3,    // owner waiting for peers' partial rows
   kBarrier = 4,
+  // Input errors found on the device (no wait involved): `signal` is the rank whose input is
+  // bad, `observed` the bad value, `expected` the bound it broke.
+  kBadTokenCount = 5,  // more tokens than T_max
+  kBadExpertId = 6,    // an expert id outside [-1, E)
+  kRowOverflow = 7,    // more rows than the buffers hold (an expert repeated within a token)
 };
 
 struct DeviceError {

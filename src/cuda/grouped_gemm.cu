@@ -5,6 +5,7 @@
 #include "comet/dtype.h"
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/tile_raster.cuh"
 
 namespace comet::cuda {
 
@@ -109,20 +110,7 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
   if (total > capacity) return;  // *num_tiles = 0: nothing runs; the caller sized it wrong
   for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
     int m, n;
-    if (order == TileOrder::kRowMajor) {
-      // Group of kRasterGroupM M tiles (the last one may be smaller), column blocks outer.
-      const int64_t group_tiles = int64_t(kRasterGroupM) * num_n_blocks;
-      const int group = int(i / group_tiles), within = int(i % group_tiles);
-      const int group_m = min(kRasterGroupM, m_total - group * kRasterGroupM);
-      n = within / group_m;
-      m = group * kRasterGroupM + within % group_m;
-    } else {
-      const int64_t group_tiles = int64_t(kRasterGroupN) * m_total;
-      const int group = int(i / group_tiles), within = int(i % group_tiles);
-      const int group_n = min(kRasterGroupN, num_n_blocks - group * kRasterGroupN);
-      m = within / group_n;
-      n = group * kRasterGroupN + within % group_n;
-    }
+    raster_tile(order, i, m_total, num_n_blocks, m, n);
     int e = 0;  // expert of global M tile m (binary search over tile prefix sums)
     int lo = 0, hi = num_experts - 1;
     while (lo < hi) {

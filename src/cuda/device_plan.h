@@ -1,0 +1,87 @@
+// cuda/device_plan.h: the dispatch plan of one rank, computed on the device from every rank's
+// routing (read through peer pointers), so a forward needs no host synchronization.
+//
+// It is the device twin of comet::DispatchPlan + build_layer0_schedule (include/comet/plan.h)
+// for block_m = kGemmBlockM and must agree with them exactly (tests/gpu/device_plan_test.cu):
+// the same dedup send lists, the same expert-sorted row of every (token, slot), the same M
+// tiles and layer0 order. Ring positions: pos p of rank r is source (r + p) mod W.
+//
+// Buffers (DevicePlanLayout, all int32 unless noted; Tm = T_max, K = min(topk, E/EP) rows a
+// token can send to one rank, MT = max M tiles = max_rows / 128, NB0/NB1 = column blocks):
+//   expert_rows    [E/EP]         rows of each local expert
+//   expert_offset  [E/EP + 1]     padded segment starts (multiples of 128)
+//   recv_count     [W]            tokens received from the source at ring position p
+//   recv_psum      [W + 1]        prefix sums of recv_count (ring order)
+//   recv_token     [W * Tm]       token index on its source, at recv_psum[p] + position
+//   recv_rows      [W * Tm * K]   A rows the token feeds, slot order, -1 padded
+//   recv_weight    f32 [W*Tm*K]   routing weight of each of those rows (the owner's slot)
+//   send_pos       [Tm * W]       position of own token t in the send list to rank d, or -1
+//   m_tile_row     [MT]           first row of M tile i (expert-major order)
+//   m_tile_rows    [MT]           rows of M tile i (the layer0 signal's expected count)
+//   m_tile_last    [MT]           largest ring position among its rows
+//   layer0_order   [MT]           M tiles in run order (by last ring position, stable)
+//   counts         [2]            {number of M tiles, rows_on_rank}
+//   tiles0         GemmTile [MT * NB0]   layer0 GEMM schedule (grouped raster over layer0_order)
+//   tiles1         GemmTile [MT * NB1]   layer1 GEMM schedule (column-block groups)
+//   num_tiles      [2]            {tiles0 length, tiles1 length}
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comet/config.h"
+#include "cuda/grouped_gemm.h"
+
+struct CUstream_st;
+
+namespace comet::cuda {
+
+// Pointers into one rank's plan buffers (POD, passed to kernels by value).
+struct DevicePlanView {
+  int32_t* expert_rows;
+  int32_t* expert_offset;
+  int32_t* recv_count;
+  int32_t* recv_psum;
+  int32_t* recv_token;
+  int32_t* recv_rows;
+  float* recv_weight;
+  int32_t* send_pos;
+  int32_t* m_tile_row;
+  int32_t* m_tile_rows;
+  int32_t* m_tile_last;
+  int32_t* layer0_order;
+  int32_t* counts;
+  GemmTile* tiles0;
+  GemmTile* tiles1;
+  int32_t* num_tiles;
+};
+
+// Sizes of the plan buffers of one rank for `config` (block_m must be kGemmBlockM).
+struct DevicePlanLayout {
+  explicit DevicePlanLayout(const LayerConfig& config);
+  int rows_per_token;  // K above
+  int64_t max_rows, max_m_tiles, n_blocks0, n_blocks1;
+  int64_t total_bytes() const { return total_bytes_; }
+  // Carves the view out of `base` (total_bytes() of device memory, 256-byte aligned).
+  DevicePlanView view(void* base) const;
+
+ private:
+  std::vector<int64_t> offsets_;  // byte offset of each buffer, in DevicePlanView order
+  int64_t total_bytes_ = 0;
+};
+
+// What the plan kernel reads: every rank's routing, through a device array of W pointers per
+// region (the fabric's peer table), and where it writes.
+struct DevicePlanArgs {
+  int rank = 0;
+  const int32_t* const* token_counts = nullptr;  // [W] -> one int each
+  const int32_t* const* route_ids = nullptr;     // [W] -> [Tm][topk]
+  const float* const* route_weights = nullptr;   // [W] -> [Tm][topk]
+  DevicePlanView plan{};
+  DeviceError* error = nullptr;                  // records a token count above T_max
+};
+
+// Launches the plan kernel of one rank (one block, asynchronous on `stream`).
+void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream);
+
+}  // namespace comet::cuda

@@ -1,0 +1,242 @@
+// GPU tests of the device-side dispatch plan (label `gpu`): for every rank, the plan computed on
+// the device from routing read through peer pointers equals comet::DispatchPlan and the layer0
+// schedule exactly; bad input is recorded, not written out of bounds.
+#include <sstream>
+
+#include "comet/plan.h"
+#include "comet/problem.h"
+#include "cuda/device_plan.h"
+#include "gpu_test_util.h"
+
+namespace comet::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+
+struct PlanCase {
+  int world, tp, num_experts, topk, t_max;
+  std::vector<int> tokens;
+  RoutingSpec spec;
+  uint64_t seed;
+  LayerConfig config() const {
+    LayerConfig c;
+    c.model = {"plan", 256, 512, num_experts, topk, Activation::kSwiGlu};
+    c.layout = {world, world / tp, tp};
+    c.max_tokens_per_rank = t_max;
+    c.tiles = {kGemmBlockM, 128, 256};
+    return c;
+  }
+  std::string describe() const {
+    std::ostringstream os;
+    os << "W=" << world << " TP=" << tp << " E=" << num_experts << " topk=" << topk << " T_max=" << t_max
+       << " routing=" << spec.describe() << " seed=" << seed << " tokens=[";
+    for (size_t i = 0; i < tokens.size(); ++i) os << (i ? "," : "") << tokens[i];
+    return os.str() + "]";
+  }
+};
+
+std::vector<PlanCase> plan_cases() {
+  std::vector<PlanCase> out;
+  uint64_t seed = 1;
+  const RoutingSpec specs[] = {{RoutingKind::kUniform, 0, 0}, {RoutingKind::kZipf, 1.3, 0.1},
+                               {RoutingKind::kImbalance, 0.05, 0}};
+  for (int world : {1, 2, 4, 8})
+    for (int tp : {1, 2, 8}) {
+      if (tp > world) continue;
+      for (auto [e, k] : {std::pair{8, 2}, {64, 4}, {256, 8}}) {
+        PlanCase c{world, tp, e, k, 300, {}, specs[seed % 3], seed};
+        for (int r = 0; r < world; ++r) c.tokens.push_back(r == 1 ? 0 : (r * 97 + 50) % 301);
+        ++seed;
+        out.push_back(c);
+      }
+    }
+  // More than one 1024-token chunk per source, topk 16, and every token on one rank.
+  out.push_back({4, 1, 64, 16, 2500, {2500, 1777, 0, 1025}, {RoutingKind::kUniform, 0, 0.2}, seed++});
+  out.push_back({2, 1, 4, 1, 3000, {3000, 2049}, {RoutingKind::kZipf, 3.0, 0}, seed++});
+  return out;
+}
+
+struct DeviceRouting {
+  std::vector<DeviceBuffer<int32_t>> counts, ids;
+  std::vector<DeviceBuffer<float>> weights;
+  DeviceBuffer<const int32_t*> count_table, id_table;
+  DeviceBuffer<const float*> weight_table;
+};
+
+DeviceRouting upload_routing(const LayerConfig& c, const std::vector<Routing>& routing) {
+  DeviceRouting d;
+  std::vector<const int32_t*> cp, ip;
+  std::vector<const float*> wp;
+  for (const Routing& rt : routing) {
+    std::vector<int32_t> ids(size_t(c.max_tokens_per_rank) * c.model.topk, -1);
+    std::vector<float> w(ids.size(), 0.f);
+    std::copy(rt.expert_ids.begin(), rt.expert_ids.end(), ids.begin());
+    std::copy(rt.weights.begin(), rt.weights.end(), w.begin());
+    d.counts.emplace_back(std::vector<int32_t>{rt.num_tokens});
+    d.ids.emplace_back(ids);
+    d.weights.emplace_back(w);
+    cp.push_back(d.counts.back().get());
+    ip.push_back(d.ids.back().get());
+    wp.push_back(d.weights.back().get());
+  }
+  d.count_table = DeviceBuffer<const int32_t*>(cp);
+  d.id_table = DeviceBuffer<const int32_t*>(ip);
+  d.weight_table = DeviceBuffer<const float*>(wp);
+  return d;
+}
+
+template <class T>
+std::vector<T> download(const T* p, size_t n) {
+  std::vector<T> out(n);
+  if (n) COMET_CUDA_CHECK(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+class DevicePlanTest : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
+  COMET_REQUIRE_GPU();
+  const PlanCase& pc = GetParam();
+  SCOPED_TRACE(pc.describe());
+  const LayerConfig c = pc.config();
+  std::vector<Routing> routing;
+  for (int r = 0; r < pc.world; ++r)
+    routing.push_back(generate_routing(pc.spec, pc.tokens[r], pc.num_experts, pc.topk, pc.seed, r));
+  const DispatchPlan host(c, routing);
+  DeviceRouting dr = upload_routing(c, routing);
+  const DevicePlanLayout layout(c);
+  DeviceBuffer<char> buffer(layout.total_bytes());
+  DeviceBuffer<DeviceError> error(1);
+  const int W = pc.world, E = c.experts_per_rank(), R = layout.rows_per_token;
+  for (int r = 0; r < W; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    buffer.poison();
+    error.zero();
+    DevicePlanArgs args;
+    args.rank = r;
+    args.token_counts = dr.count_table.get();
+    args.route_ids = dr.id_table.get();
+    args.route_weights = dr.weight_table.get();
+    args.plan = layout.view(buffer.get());
+    args.error = error.get();
+    build_device_plan(c, args, nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    ASSERT_EQ(error.download()[0].claimed, 0) << describe(error.download()[0]);
+    const DevicePlanView& v = args.plan;
+
+    // Expert segments.
+    const auto rows = download(v.expert_rows, E), offsets = download(v.expert_offset, E + 1);
+    for (int e = 0; e < E; ++e) {
+      EXPECT_EQ(rows[e], host.expert_rows(r, e)) << "expert " << e;
+      EXPECT_EQ(offsets[e], host.expert_row_begin(r, e)) << "expert " << e;
+    }
+    EXPECT_EQ(offsets[E], host.row_extent(r));
+    const auto counts = download(v.counts, 2);
+    EXPECT_EQ(counts[1], host.rows_on_rank(r));
+
+    // Received tokens, their rows and weights, in ring order.
+    const auto psum = download(v.recv_psum, W + 1);
+    const auto tokens = download(v.recv_token, size_t(std::max(psum[W], 0)));
+    const auto recv_rows = download(v.recv_rows, size_t(std::max(psum[W], 0)) * R);
+    const auto recv_w = download(v.recv_weight, size_t(std::max(psum[W], 0)) * R);
+    std::vector<int> want_rows;
+    for (int pos = 0; pos < W; ++pos) {
+      const int src = host.ring_src(r, pos);
+      ASSERT_EQ(psum[pos + 1] - psum[pos], host.send_count(src, r)) << "ring position " << pos;
+      for (int i = 0; i < host.send_count(src, r); ++i) {
+        const int slot = psum[pos] + i;
+        const int t = host.send_tokens(src, r)[i];
+        ASSERT_EQ(tokens[slot], t) << "ring position " << pos << " item " << i;
+        want_rows.clear();
+        host.rows_of_sent_token(src, r, i, want_rows);
+        for (int j = 0; j < R; ++j) {
+          const int want = j < int(want_rows.size()) ? want_rows[j] : -1;
+          ASSERT_EQ(recv_rows[size_t(slot) * R + j], want) << "token " << t << " of rank " << src << " row " << j;
+          const float want_w = want < 0 ? 0.f : routing[src].weight(t, host.row_source(r, want).slot);
+          ASSERT_EQ(recv_w[size_t(slot) * R + j], want_w) << "token " << t << " of rank " << src << " row " << j;
+        }
+      }
+    }
+
+    // Send positions of the own tokens.
+    const auto send_pos = download(v.send_pos, size_t(pc.tokens[r]) * W);
+    for (int t = 0; t < pc.tokens[r]; ++t)
+      for (int d = 0; d < W; ++d)
+        ASSERT_EQ(send_pos[size_t(t) * W + d], host.send_pos(r, t, d)) << "token " << t << " dst " << d;
+
+    // M tiles and the layer0 order.
+    const Layer0Schedule s0 = build_layer0_schedule(c, host, r);
+    ASSERT_EQ(counts[0], int(s0.m_tiles.size()));
+    const int nm = counts[0];
+    const auto m_row = download(v.m_tile_row, nm), m_rows = download(v.m_tile_rows, nm),
+               m_last = download(v.m_tile_last, nm), order = download(v.layer0_order, nm);
+    for (int m = 0; m < nm; ++m) {
+      EXPECT_EQ(m_row[m], s0.m_tiles[m].row_begin) << "tile " << m;
+      EXPECT_EQ(m_rows[m], s0.rows_expected(m)) << "tile " << m;
+      EXPECT_EQ(m_last[m], s0.m_tiles[m].last_source_pos) << "tile " << m;
+      EXPECT_EQ(order[m], s0.order[m]) << "order " << m;
+    }
+    // GEMM tile lists: every (M tile, column block) once; layer0 groups follow the order.
+    const auto n_tiles = download(v.num_tiles, 2);
+    ASSERT_EQ(n_tiles[0], nm * int(layout.n_blocks0));
+    ASSERT_EQ(n_tiles[1], nm * int(layout.n_blocks1));
+    const auto t0 = download(v.tiles0, n_tiles[0]);
+    std::vector<int> seen(size_t(nm) * layout.n_blocks0, 0);
+    for (const GemmTile& t : t0) {
+      ASSERT_GE(t.signal, 0);
+      ASSERT_LT(t.signal, nm);
+      EXPECT_EQ(t.m_row, m_row[t.signal]);
+      EXPECT_GE(t.m_row, host.expert_row_begin(r, t.expert)) << "tile of the wrong expert";
+      EXPECT_LT(t.m_row, host.expert_row_begin(r, t.expert) + host.expert_rows(r, t.expert));
+      ++seen[size_t(t.signal) * layout.n_blocks0 + t.n_block];
+    }
+    for (int x : seen) EXPECT_EQ(x, 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DevicePlanTest, ::testing::ValuesIn(plan_cases()),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
+
+TEST(DevicePlan, BadInputIsRecordedNotWritten) {
+  COMET_REQUIRE_GPU();
+  const PlanCase pc{4, 1, 8, 2, 64, {64, 10, 20, 30}, {}, 3};
+  const LayerConfig c = pc.config();
+  std::vector<Routing> routing;
+  for (int r = 0; r < 4; ++r) routing.push_back(generate_routing(pc.spec, pc.tokens[r], 8, 2, 3, r));
+  const DevicePlanLayout layout(c);
+  DeviceBuffer<char> buffer(layout.total_bytes());
+  DeviceBuffer<DeviceError> error(1);
+  auto run = [&](const std::vector<Routing>& rt, int token_count_of_rank2) {
+    DeviceRouting dr = upload_routing(c, rt);
+    dr.counts[2].upload({token_count_of_rank2});
+    error.zero();
+    DevicePlanArgs args;
+    args.rank = 0;
+    args.token_counts = dr.count_table.get();
+    args.route_ids = dr.id_table.get();
+    args.route_weights = dr.weight_table.get();
+    args.plan = layout.view(buffer.get());
+    args.error = error.get();
+    build_device_plan(c, args, nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    return error.download()[0];
+  };
+  DeviceError e = run(routing, 65);  // more than T_max = 64
+  ASSERT_EQ(e.claimed, 1);
+  EXPECT_EQ(e.role, int(WaitRole::kBadTokenCount));
+  EXPECT_EQ(e.signal, 2);
+  EXPECT_EQ(e.observed, 65u);
+  EXPECT_NE(describe(e).find("bad input from rank 2"), std::string::npos) << describe(e);
+  auto bad = routing;
+  bad[3].expert_ids[5] = 99;
+  e = run(bad, 20);
+  ASSERT_EQ(e.claimed, 1);
+  EXPECT_EQ(e.role, int(WaitRole::kBadExpertId));
+  EXPECT_EQ(e.signal, 3);
+  EXPECT_EQ(e.observed, 99u);
+  e = run(routing, 20);
+  EXPECT_EQ(e.claimed, 0) << describe(e);
+}
+
+}  // namespace
+}  // namespace comet::cuda
