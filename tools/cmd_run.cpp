@@ -24,6 +24,10 @@
 #include "comet/problem.h"
 #include "ref/oracle.h"
 #include "ref/ref_backend.h"
+#ifdef COMET_HAVE_CUDA
+#include "comet/layer.h"
+#include "gpu_run.h"
+#endif
 #include "report.h"
 #include "safetensors.h"
 
@@ -49,6 +53,8 @@ struct RunResult {
   ref::ForwardStats stats;
   LayerCost full_cost;
   std::string gpu;
+  std::string backend = "cpu";  // what ran: "cpu" or "cuda"
+  std::string device;           // the GPU that ran it (cuda)
   int64_t saved_tensors = 0;
   int64_t saved_bytes = 0;
 };
@@ -124,11 +130,17 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   const LayerConfig& c = r.config;
   os << "comet run: " << config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed)
      << "\n";
-  os << strf("backend: cpu (%d ranks as threads, %d comm + %d compute workers each, wait "
-             "timeout %d ms)\n",
-             c.layout.world, o.comm_workers, o.compute_workers, o.timeout_ms);
+  if (r.backend == "cuda") {
+    os << strf("backend: cuda (%d virtual ranks on one %s, loopback fabric, unfused pipeline)\n",
+               c.layout.world, r.device.c_str());
+  } else {
+    os << strf("backend: cpu (%d ranks as threads, %d comm + %d compute workers each, wait "
+               "timeout %d ms)\n",
+               c.layout.world, o.comm_workers, o.compute_workers, o.timeout_ms);
+  }
   if (r.scale.shape_factor > 1) {
-    os << strf("cpu backend: %s scaled down %dx (H %d -> %d, F %d -> %d)", full.model.name.c_str(),
+    os << strf("%s: %s scaled down %dx (H %d -> %d, F %d -> %d)",
+               r.backend == "cuda" ? "scaled for the fp64 oracle" : "cpu backend", full.model.name.c_str(),
                r.scale.shape_factor, full.model.hidden, c.model.hidden, full.model.ffn, c.model.ffn);
   } else {
     os << strf("cpu backend: %s at full size (H %d, F %d)", full.model.name.c_str(),
@@ -156,11 +168,17 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
        << format_bytes(s.mean()) << ", max " << format_bytes(double(s.max)) << " over "
        << s.count << " links\n";
   }
-  os << strf("forward: %s wall (rows landed %lld, tiles that waited %lld, partial rows sent "
-             "%lld); oracle %s\n",
-             format_us(r.forward_us).c_str(), static_cast<long long>(r.stats.rows_landed),
-             static_cast<long long>(r.stats.tiles_waited),
-             static_cast<long long>(r.stats.partial_rows_sent), format_us(r.oracle_us).c_str());
+  if (r.backend == "cuda") {
+    os << strf("forward: %s on the GPU (one call, CUDA events, device plan included; not a "
+               "benchmark); oracle %s\n",
+               format_us(r.forward_us).c_str(), format_us(r.oracle_us).c_str());
+  } else {
+    os << strf("forward: %s wall (rows landed %lld, tiles that waited %lld, partial rows sent "
+               "%lld); oracle %s\n",
+               format_us(r.forward_us).c_str(), static_cast<long long>(r.stats.rows_landed),
+               static_cast<long long>(r.stats.tiles_waited),
+               static_cast<long long>(r.stats.partial_rows_sent), format_us(r.oracle_us).c_str());
+  }
   os << strf("verify: rel_l2 %.1e max_abs %.1e tolerance %.1e %s (%lld elements vs the fp64 "
              "oracle",
              r.comparison.rel_l2, r.comparison.max_abs, r.tolerance, r.pass ? "PASS" : "FAIL",
@@ -183,7 +201,8 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   nlohmann::json j;
   j["command"] = "run";
   j["config"] = config_json(r.full.config, r.full.tokens_per_rank, r.full.routing, r.full.seed);
-  j["backend"] = "cpu";
+  j["backend"] = r.backend;
+  if (r.backend == "cuda") j["device"] = r.device;
   j["cpu_scale"] = {{"shape_factor", r.scale.shape_factor},
                     {"token_factor", r.scale.token_factor},
                     {"budget_gflop", o.cpu_budget_gflop}};  // 0: the library's default
@@ -264,11 +283,18 @@ int run_command(const RunOptions& o) {
   RunResult r;
   r.full = build_workload(o.workload, kCpuTiles);
 
-  // Backend and run options.
-  if (o.backend == "cuda")
-    throw UsageError("the CUDA backend is not built into this version yet; use --backend cpu");
-  if (o.backend != "auto" && o.backend != "cpu")
+  // Backend and run options. auto: cuda when this build has it and a GPU is visible.
+  if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda")
     throw UsageError("--backend must be auto, cpu or cuda, not \"" + o.backend + "\"");
+#ifdef COMET_HAVE_CUDA
+  std::string no_gpu;
+  const bool have_gpu = o.backend != "cpu" && gpu_available(&no_gpu);
+  if (o.backend == "cuda" && !have_gpu) throw UsageError("--backend cuda: " + no_gpu);
+  r.backend = have_gpu ? "cuda" : "cpu";
+#else
+  if (o.backend == "cuda")
+    throw UsageError("the CUDA backend is not built into this binary (nvcc was not found at build time); use --backend cpu");
+#endif
   if (o.comm_workers < 1 || o.comm_workers > 64)
     throw UsageError("--comm-workers must be within [1, 64], not " + std::to_string(o.comm_workers));
   if (o.compute_workers < 1 || o.compute_workers > 64)
@@ -306,6 +332,13 @@ int run_command(const RunOptions& o) {
                 : choose_cpu_scale(full.model, full.layout.world, full.max_tokens_per_rank);
   r.config = full;
   r.config.model = full.model.scaled_down(r.scale.shape_factor);
+#ifdef COMET_HAVE_CUDA
+  // The GPU kernels need 16-byte rows (F/TP a multiple of 8): scale less until they fit.
+  while (r.backend == "cuda" && r.scale.shape_factor > 1 && !MoeLayer::can_implement(r.config).ok) {
+    r.scale.shape_factor /= 2;
+    r.config.model = full.model.scaled_down(r.scale.shape_factor);
+  }
+#endif
   for (int t : r.full.tokens_per_rank)
     r.tokens_per_rank.push_back(t == 0 ? 0 : std::max(1, t / r.scale.token_factor));
   r.config.max_tokens_per_rank = *std::max_element(r.tokens_per_rank.begin(), r.tokens_per_rank.end());
@@ -320,12 +353,26 @@ int run_command(const RunOptions& o) {
   ro.compute_workers = o.compute_workers;
   ro.comm_chunk_tokens = o.chunk_tokens;
   ro.timeout = std::chrono::milliseconds(o.timeout_ms);
-  ref::RefBackend backend(r.config, ro);
-  backend.set_weights(problem.weights);
   auto t0 = std::chrono::steady_clock::now();
-  r.y = backend.forward(problem.x, problem.routing);
-  r.forward_us = elapsed_us(t0);
-  r.stats = backend.last_stats();
+#ifdef COMET_HAVE_CUDA
+  if (r.backend == "cuda") {
+    // The GPU kernels take their own tile shapes; the workload stays the same.
+    LayerConfig gpu_config = r.config;
+    gpu_config.dtype = DType::kBF16;
+    if (r.config.dtype != DType::kBF16) throw UsageError("--backend cuda runs bf16 only, not " + std::string(dtype_name(r.config.dtype)));
+    GpuRun g = run_on_gpu(gpu_config, problem);
+    r.y = std::move(g.y);
+    r.forward_us = g.forward_us;
+    r.device = g.device;
+  }
+#endif
+  if (r.backend == "cpu") {
+    ref::RefBackend backend(r.config, ro);
+    backend.set_weights(problem.weights);
+    r.y = backend.forward(problem.x, problem.routing);
+    r.forward_us = elapsed_us(t0);
+    r.stats = backend.last_stats();
+  }
   t0 = std::chrono::steady_clock::now();
   r.want = ref::oracle_forward(problem);
   r.oracle_us = elapsed_us(t0);

@@ -1,0 +1,67 @@
+// comet/layer.h: the MoE layer on GPUs (no CUDA headers: streams and tensors are opaque).
+//
+//   auto fabric = comet::fabric::make_loopback_fabric(8);   // 8 virtual ranks on one GPU
+//   comet::MoeLayer layer(config, *fabric);
+//   layer.set_weights(weights);                              // full fp32 weights, sliced per rank
+//   layer.forward(ranks, stream);                            // enqueues every rank's forward
+//   layer.check(stream);                                     // sync + throw on a device error
+//
+// Contract:
+// - Tensors are device pointers of each rank's device, bf16 row-major: x [T_max][H] (the
+//   first *num_tokens rows are used), y [T_max][H]; routing [T_max][topk] int32 ids (-1 masked,
+//   each expert at most once per token) and fp32 weights; num_tokens is one int32 in device
+//   memory, so token counts and routing may change between calls (and between replays of a
+//   captured CUDA graph) without host synchronization. The host never reads them.
+// - forward() is asynchronous on `stream` and never synchronizes; a device-side problem (bad
+//   token count or expert id, a timeout) is recorded and reported by check().
+// - config.tiles is replaced by the GPU kernels' tile shapes (block_m = 128).
+// - Today forward() runs the unfused pipeline (one kernel per step; see docs/gpu_layer.md); the
+//   fused overlap kernels replace its middle steps.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comet/config.h"
+#include "comet/problem.h"
+
+struct CUstream_st;
+
+namespace comet {
+
+namespace fabric {
+class Fabric;
+}
+
+struct RankTensors {
+  const void* x = nullptr;
+  const int32_t* expert_ids = nullptr;
+  const float* weights = nullptr;
+  const int32_t* num_tokens = nullptr;
+  void* y = nullptr;
+};
+
+class MoeLayer {
+ public:
+  // Throws comet::Error when the configuration cannot run on the GPU, with the reason.
+  MoeLayer(const LayerConfig& config, fabric::Fabric& fabric);
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  // Whether `config` can run on the GPU backend, and why not.
+  static Status can_implement(const LayerConfig& config);
+
+  void set_weights(const ExpertWeights& weights);
+  void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
+  // Waits for `stream`, then throws comet::Error describing the first recorded device error.
+  void check(CUstream_st* stream);
+  const LayerConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace comet

@@ -1,0 +1,74 @@
+// Upload and download of a MoeProblem's per-rank tensors.
+#include "cuda/device_problem.h"
+
+#include "comet/dtype.h"
+#include "cuda/check.h"
+
+namespace comet::cuda {
+
+struct DeviceProblem::Buffers {
+  std::vector<void*> owned;
+  ~Buffers() {
+    for (void* p : owned) cudaFree(p);
+  }
+  template <class T>
+  T* upload(const std::vector<T>& host) {
+    void* p = nullptr;
+    COMET_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(host.size(), 1) * sizeof(T)));
+    owned.push_back(p);
+    if (!host.empty()) COMET_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return static_cast<T*>(p);
+  }
+};
+
+DeviceProblem::DeviceProblem(const LayerConfig& c, const MoeProblem& p) : buffers_(std::make_unique<Buffers>()) {
+  const int W = c.layout.world, H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
+  COMET_CHECK(int(p.x.size()) == W && int(p.routing.size()) == W,
+              "DeviceProblem: the problem has " << p.x.size() << " ranks, the config " << W);
+  hidden_ = H;
+  for (int r = 0; r < W; ++r) {
+    const Routing& rt = p.routing[r];
+    COMET_CHECK(rt.num_tokens <= Tm, "DeviceProblem: rank " << r << " has " << rt.num_tokens << " tokens, T_max is " << Tm);
+    std::vector<uint16_t> x(size_t(Tm) * H, 0);
+    for (size_t i = 0; i < p.x[r].size(); ++i) x[i] = float_to_bf16_bits(p.x[r][i]);
+    std::vector<int32_t> ids(size_t(Tm) * K, -1);
+    std::vector<float> w(size_t(Tm) * K, 0.f);
+    std::copy(rt.expert_ids.begin(), rt.expert_ids.end(), ids.begin());
+    std::copy(rt.weights.begin(), rt.weights.end(), w.begin());
+    RankTensors t;
+    t.x = buffers_->upload(x);
+    t.expert_ids = buffers_->upload(ids);
+    t.weights = buffers_->upload(w);
+    t.num_tokens = buffers_->upload(std::vector<int32_t>{rt.num_tokens});
+    t.y = buffers_->upload(std::vector<uint16_t>(size_t(Tm) * H, 0xffff));
+    tensors_.push_back(t);
+    tokens_.push_back(rt.num_tokens);
+  }
+}
+
+DeviceProblem::~DeviceProblem() = default;
+
+std::vector<std::vector<float>> DeviceProblem::download_y() const {
+  std::vector<std::vector<float>> out;
+  for (size_t r = 0; r < tensors_.size(); ++r) {
+    std::vector<uint16_t> bits(size_t(tokens_[r]) * hidden_);
+    if (!bits.empty())
+      COMET_CUDA_CHECK(cudaMemcpy(bits.data(), tensors_[r].y, bits.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> v(bits.size());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_bits_to_float(bits[i]);
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+void DeviceProblem::poison_y() {
+  for (size_t r = 0; r < tensors_.size(); ++r)
+    COMET_CUDA_CHECK(cudaMemset(tensors_[r].y, 0xff, size_t(tokens_[r]) * hidden_ * 2));
+}
+
+void DeviceProblem::set_token_count(int rank, int32_t count) {
+  COMET_CHECK(rank >= 0 && rank < int(tensors_.size()), "DeviceProblem: no rank " << rank);
+  COMET_CUDA_CHECK(cudaMemcpy(const_cast<int32_t*>(tensors_[rank].num_tokens), &count, 4, cudaMemcpyHostToDevice));
+}
+
+}  // namespace comet::cuda

@@ -1,0 +1,40 @@
+// cuda/device_problem.h: a MoeProblem's per-rank tensors on the GPU, in the layout MoeLayer
+// takes (comet/layer.h): x and y bf16 [T_max][H], routing [T_max][topk] (ids -1 and weights 0
+// past the rank's tokens), the token count as one device int. Used by `comet run --backend cuda`
+// and the GPU tests.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comet/layer.h"
+#include "comet/problem.h"
+
+namespace comet::cuda {
+
+class DeviceProblem {
+ public:
+  // Uploads every rank's inputs to the current device; y is filled with 0xffff (bf16 NaN), so
+  // a row the layer does not write cannot pass a check.
+  DeviceProblem(const LayerConfig& config, const MoeProblem& problem);
+  ~DeviceProblem();
+  DeviceProblem(const DeviceProblem&) = delete;
+  DeviceProblem& operator=(const DeviceProblem&) = delete;
+
+  const std::vector<RankTensors>& tensors() const { return tensors_; }
+  // y of every rank, its first num_tokens rows, as float.
+  std::vector<std::vector<float>> download_y() const;
+  void poison_y();
+  // Overwrites rank r's device token count (tests of bad input and of changing counts).
+  void set_token_count(int rank, int32_t count);
+
+ private:
+  struct Buffers;
+  std::unique_ptr<Buffers> buffers_;
+  std::vector<RankTensors> tensors_;
+  std::vector<int> tokens_;
+  int hidden_ = 0;
+};
+
+}  // namespace comet::cuda

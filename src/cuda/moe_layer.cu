@@ -1,0 +1,345 @@
+// MoeLayer: the unfused GPU pipeline of the MoE layer, every rank's steps on one stream.
+//
+// Per call, for every rank r (phase by phase across ranks, so a phase's kernels see every
+// rank's previous phase complete: stream order is the barrier on a single device):
+//   1. publish: copy x, routing and the token count into r's symmetric regions
+//   2. plan:    build_device_plan (reads every rank's routing through the peer table)
+//   3. dispatch: pull each received token's row once from its owner, write it to every A row
+//      it feeds (dispatch_pull_kernel)
+//   4. GEMM0 (+ SwiGLU) and GEMM1 with the plan's tile lists (the grouped GEMM)
+//   5. combine: pre-reduce each received token's rows (fp32, weighted, slot order), convert to
+//      bf16 and store it into the owner's combine_recv slot (combine_push_kernel)
+//   6. owner reduce: sum the partial rows of each own token in rank order 0..W-1 (fp32) into y
+// The same reduction structure as the CPU backend; no float atomics, so it is deterministic.
+#include <cuda_bf16.h>
+
+#include <cstring>
+
+#include "comet/layer.h"
+#include "comet/workspace.h"
+#include "cuda/check.h"
+#include "cuda/device_plan.h"
+#include "cuda/grouped_gemm.h"
+#include "fabric/fabric.h"
+
+namespace comet {
+
+namespace {
+
+using cuda::DevicePlanView;
+
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ int ring_pos_of(const int32_t* recv_psum, int world, int slot) {
+  int pos = 0;
+  while (pos + 1 < world && recv_psum[pos + 1] <= slot) ++pos;
+  return pos;
+}
+
+// One warp per received token: 16-byte loads of the owner's row, stores to every row it feeds.
+__global__ void dispatch_pull_kernel(DevicePlanView plan, void* const* peers, int64_t x_offset, uint4* a_rows,
+                                     int hidden, int rows_per_token, int world, int rank) {
+  const int total = plan.recv_psum[world];
+  const int lane = threadIdx.x % 32, chunks = hidden / 8;
+  for (int slot = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; slot < total; slot += gridDim.x * kWarpsPerBlock) {
+    const int src = (rank + ring_pos_of(plan.recv_psum, world, slot)) % world;
+    const int token = plan.recv_token[slot];
+    const uint4* x = reinterpret_cast<const uint4*>(static_cast<const char*>(peers[src]) + x_offset) +
+                     int64_t(token) * chunks;
+    for (int c = lane; c < chunks; c += 32) {
+      const uint4 v = x[c];
+      for (int j = 0; j < rows_per_token; ++j) {
+        const int row = plan.recv_rows[int64_t(slot) * rows_per_token + j];
+        if (row < 0) break;
+        a_rows[int64_t(row) * chunks + c] = v;
+      }
+    }
+  }
+}
+
+// One warp per received token: fp32 weighted sum of its rows (slot order), one bf16 row into
+// the owner's combine_recv[rank][position in the owner's send list].
+__global__ void combine_push_kernel(DevicePlanView plan, void* const* peers, int64_t combine_offset,
+                                    const uint4* out_rows, int hidden, int rows_per_token, int world, int rank,
+                                    int t_max) {
+  const int total = plan.recv_psum[world];
+  const int lane = threadIdx.x % 32, chunks = hidden / 8;
+  for (int slot = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; slot < total; slot += gridDim.x * kWarpsPerBlock) {
+    const int pos = ring_pos_of(plan.recv_psum, world, slot);
+    const int owner = (rank + pos) % world, position = slot - plan.recv_psum[pos];
+    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(peers[owner]) + combine_offset) +
+                 (int64_t(rank) * t_max + position) * chunks;
+    for (int c = lane; c < chunks; c += 32) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = 0; j < rows_per_token; ++j) {
+        const int row = plan.recv_rows[int64_t(slot) * rows_per_token + j];
+        if (row < 0) break;
+        const float w = plan.recv_weight[int64_t(slot) * rows_per_token + j];
+        const uint4 v = out_rows[int64_t(row) * chunks + c];
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = __bfloat1622float2(h[q]);
+          acc[2 * q] += w * f.x;
+          acc[2 * q + 1] += w * f.y;
+        }
+      }
+      uint4 out;
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+      for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+      dst[c] = out;
+    }
+  }
+}
+
+// One warp per own token: partial rows summed in rank order 0..W-1; a token no rank holds
+// (every slot masked) gets a zero row.
+__global__ void owner_reduce_kernel(DevicePlanView plan, const uint4* combine_recv, const int32_t* token_count,
+                                    uint4* y, int hidden, int world, int t_max) {
+  const int tokens = min(*token_count, t_max);
+  const int lane = threadIdx.x % 32, chunks = hidden / 8;
+  for (int t = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; t < tokens; t += gridDim.x * kWarpsPerBlock) {
+    for (int c = lane; c < chunks; c += 32) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int d = 0; d < world; ++d) {
+        const int p = plan.send_pos[int64_t(t) * world + d];
+        if (p < 0) continue;
+        const uint4 v = combine_recv[(int64_t(d) * t_max + p) * chunks + c];
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = __bfloat1622float2(h[q]);
+          acc[2 * q] += f.x;
+          acc[2 * q + 1] += f.y;
+        }
+      }
+      uint4 out;
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+      for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+      y[int64_t(t) * chunks + c] = out;
+    }
+  }
+}
+
+template <class T>
+T* offset_ptr(void* base, const WorkspaceRegion& r) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + r.offset_bytes);
+}
+
+LayerConfig gpu_config(LayerConfig c) {
+  c.tiles = {cuda::kGemmBlockM, 128, 256};
+  c.dtype = DType::kBF16;
+  return c;
+}
+
+}  // namespace
+
+struct MoeLayer::Impl {
+  LayerConfig config;
+  fabric::Fabric& fabric;
+  WorkspaceLayout layout;
+  cuda::DevicePlanLayout plan_layout;
+  struct Rank {
+    void* plan_buffer = nullptr;
+    DevicePlanView plan{};
+    void* w0 = nullptr;  // [E/EP][n_b][H] packed gate/up
+    void* w1 = nullptr;  // [E/EP][H][F/TP]
+    cuda::DeviceError* error = nullptr;
+    const int32_t** count_table = nullptr;  // [W] peers' token_count regions
+    const int32_t** id_table = nullptr;
+    const float** weight_table = nullptr;
+  };
+  std::vector<Rank> ranks;
+  bool have_weights = false;
+
+  Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(config), plan_layout(config) {}
+  ~Impl() {
+    for (Rank& r : ranks)
+      for (void* p : {r.plan_buffer, r.w0, r.w1, static_cast<void*>(r.error), static_cast<void*>(r.count_table),
+                      static_cast<void*>(r.id_table), static_cast<void*>(r.weight_table)})
+        if (p) cudaFree(p);
+  }
+};
+
+Status MoeLayer::can_implement(const LayerConfig& c) {
+  const Status s = c.validate();
+  if (!s) return s;
+  if (c.model.activation != Activation::kSwiGlu)
+    return Status::failure(std::string("the CUDA backend fuses SwiGLU only; activation ") +
+                           activation_name(c.model.activation) + " is not supported yet");
+  if (c.model.hidden % 8 != 0 || c.ffn_per_rank() % 8 != 0)
+    return Status::failure("the CUDA backend needs H and F/TP multiples of 8 (16-byte rows), got H=" +
+                           std::to_string(c.model.hidden) + ", F/TP=" + std::to_string(c.ffn_per_rank()));
+  if (c.model.topk > 16) return Status::failure("the CUDA backend supports topk <= 16, got " + std::to_string(c.model.topk));
+  if (c.max_tokens_per_rank < 1) return Status::failure("max_tokens_per_rank must be >= 1");
+  return Status::success();
+}
+
+MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
+  const Status ok = can_implement(config);
+  COMET_CHECK(ok.ok, "MoeLayer: " << ok.reason);
+  COMET_CHECK(fabric.world() == config.layout.world,
+              "MoeLayer: the fabric has " << fabric.world() << " ranks, the layout " << config.layout.world);
+  for (int r = 1; r < fabric.world(); ++r)
+    COMET_CHECK(fabric.device_of(r) == fabric.device_of(0),
+                "MoeLayer: ranks on several GPUs are not supported yet (rank " << r << " is on GPU "
+                                                                               << fabric.device_of(r) << ")");
+  impl_ = std::make_unique<Impl>(config, fabric);
+  Impl& m = *impl_;
+  const int W = m.config.layout.world;
+  m.fabric.allocate(m.layout.total_bytes());
+  m.ranks.resize(W);
+  std::vector<const int32_t*> counts(W), ids(W);
+  std::vector<const float*> weights(W);
+  for (int p = 0; p < W; ++p) {
+    counts[p] = offset_ptr<const int32_t>(m.fabric.base(p), m.layout.region("token_count"));
+    ids[p] = offset_ptr<const int32_t>(m.fabric.base(p), m.layout.region("route_ids"));
+    weights[p] = offset_ptr<const float>(m.fabric.base(p), m.layout.region("route_weights"));
+  }
+  for (Impl::Rank& r : m.ranks) {
+    COMET_CUDA_CHECK(cudaMalloc(&r.plan_buffer, m.plan_layout.total_bytes()));
+    r.plan = m.plan_layout.view(r.plan_buffer);
+    COMET_CUDA_CHECK(cudaMalloc(&r.error, sizeof(cuda::DeviceError)));
+    COMET_CUDA_CHECK(cudaMemset(r.error, 0, sizeof(cuda::DeviceError)));
+    COMET_CUDA_CHECK(cudaMalloc(&r.count_table, W * sizeof(void*)));
+    COMET_CUDA_CHECK(cudaMalloc(&r.id_table, W * sizeof(void*)));
+    COMET_CUDA_CHECK(cudaMalloc(&r.weight_table, W * sizeof(void*)));
+    COMET_CUDA_CHECK(cudaMemcpy(r.count_table, counts.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMemcpy(r.id_table, ids.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMemcpy(r.weight_table, weights.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+}
+
+MoeLayer::~MoeLayer() = default;
+
+const LayerConfig& MoeLayer::config() const { return impl_->config; }
+
+void MoeLayer::set_weights(const ExpertWeights& w) {
+  Impl& m = *impl_;
+  const ModelShape& model = m.config.model;
+  w.check(model);
+  const int Epr = m.config.experts_per_rank();
+  const size_t H = model.hidden, F = model.ffn, Fl = m.config.ffn_per_rank();
+  for (int r = 0; r < m.config.layout.world; ++r) {
+    const int ep = m.config.layout.ep_index(r), tp = m.config.layout.tp_index(r);
+    std::vector<float> gate(Epr * H * Fl), up(Epr * H * Fl), down(Epr * Fl * H);
+    for (int el = 0; el < Epr; ++el) {
+      const size_t e = size_t(ep) * Epr + el;
+      for (size_t h = 0; h < H; ++h)
+        for (size_t f = 0; f < Fl; ++f) {
+          gate[(el * H + h) * Fl + f] = w.w_gate[(e * H + h) * F + tp * Fl + f];
+          up[(el * H + h) * Fl + f] = w.w_up[(e * H + h) * F + tp * Fl + f];
+        }
+      std::memcpy(&down[el * Fl * H], &w.w_down[(e * F + tp * Fl) * H], Fl * H * sizeof(float));
+    }
+    const std::vector<uint16_t> w0 = cuda::pack_swiglu_weights(gate, up, Epr, int(H), int(Fl));
+    const std::vector<uint16_t> w1 = cuda::transpose_weights(down, Epr, int(Fl), int(H));
+    Impl::Rank& rank = m.ranks[r];
+    if (!rank.w0) COMET_CUDA_CHECK(cudaMalloc(&rank.w0, w0.size() * 2));
+    if (!rank.w1) COMET_CUDA_CHECK(cudaMalloc(&rank.w1, w1.size() * 2));
+    COMET_CUDA_CHECK(cudaMemcpy(rank.w0, w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMemcpy(rank.w1, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
+  }
+  m.have_weights = true;
+}
+
+void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) {
+  Impl& m = *impl_;
+  const LayerConfig& c = m.config;
+  const int W = c.layout.world, H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
+  COMET_CHECK(m.have_weights, "MoeLayer: set_weights() must be called before forward()");
+  COMET_CHECK(int(in.size()) == W, "MoeLayer: forward got tensors for " << in.size() << " ranks, the layer has " << W);
+  for (int r = 0; r < W; ++r)
+    COMET_CHECK(in[r].x && in[r].expert_ids && in[r].weights && in[r].num_tokens && in[r].y,
+                "MoeLayer: rank " << r << " has a null tensor pointer");
+  const int rows_per_token = m.plan_layout.rows_per_token;
+  const int grid = 132;
+  auto region = [&](int r, const char* name) { return offset_ptr<char>(m.fabric.base(r), m.layout.region(name)); };
+
+  // Step 1: publish.
+  for (int r = 0; r < W; ++r) {
+    COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "x"), in[r].x, size_t(Tm) * H * 2, cudaMemcpyDeviceToDevice, stream));
+    COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "route_ids"), in[r].expert_ids, size_t(Tm) * K * 4,
+                                     cudaMemcpyDeviceToDevice, stream));
+    COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "route_weights"), in[r].weights, size_t(Tm) * K * 4,
+                                     cudaMemcpyDeviceToDevice, stream));
+    COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "token_count"), in[r].num_tokens, 4, cudaMemcpyDeviceToDevice, stream));
+  }
+  // Step 2: plans.
+  for (int r = 0; r < W; ++r) {
+    cuda::DevicePlanArgs a;
+    a.rank = r;
+    a.token_counts = m.ranks[r].count_table;
+    a.route_ids = m.ranks[r].id_table;
+    a.route_weights = m.ranks[r].weight_table;
+    a.plan = m.ranks[r].plan;
+    a.error = m.ranks[r].error;
+    cuda::build_device_plan(c, a, stream);
+  }
+  // Step 3: dispatch.
+  const int64_t x_offset = m.layout.region("x").offset_bytes;
+  for (int r = 0; r < W; ++r) {
+    dispatch_pull_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+        m.ranks[r].plan, m.fabric.peer_table(r), x_offset, reinterpret_cast<uint4*>(region(r, "a_rows")), H,
+        rows_per_token, W, r);
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+  // Step 4: the two grouped GEMMs.
+  for (int r = 0; r < W; ++r) {
+    cuda::GroupedGemmArgs g0;
+    g0.epilogue = cuda::GemmEpilogue::kSwiGlu;
+    g0.kernel = cuda::GemmKernel::kCooperative128x256;
+    g0.num_experts = c.experts_per_rank();
+    g0.max_rows = int(c.max_rows_per_rank());
+    g0.n = c.ffn_per_rank();
+    g0.k = H;
+    g0.a = region(r, "a_rows");
+    g0.b = m.ranks[r].w0;
+    g0.d = region(r, "inter");
+    g0.tiles = m.ranks[r].plan.tiles0;
+    g0.num_tiles = m.ranks[r].plan.num_tiles;
+    g0.error = m.ranks[r].error;
+    g0.rank = r;
+    g0.layer = 0;
+    cuda::run_grouped_gemm(g0, stream);
+    cuda::GroupedGemmArgs g1 = g0;
+    g1.epilogue = cuda::GemmEpilogue::kIdentity;
+    g1.n = H;
+    g1.k = c.ffn_per_rank();
+    g1.a = region(r, "inter");
+    g1.b = m.ranks[r].w1;
+    g1.d = region(r, "out_rows");
+    g1.tiles = m.ranks[r].plan.tiles1;
+    g1.num_tiles = m.ranks[r].plan.num_tiles + 1;
+    g1.layer = 1;
+    cuda::run_grouped_gemm(g1, stream);
+  }
+  // Step 5: pre-reduce and push to the owners.
+  const int64_t combine_offset = m.layout.region("combine_recv").offset_bytes;
+  for (int r = 0; r < W; ++r) {
+    combine_push_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+        m.ranks[r].plan, m.fabric.peer_table(r), combine_offset,
+        reinterpret_cast<const uint4*>(region(r, "out_rows")), H, rows_per_token, W, r, Tm);
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+  // Step 6: owner reduce into the caller's y.
+  for (int r = 0; r < W; ++r) {
+    owner_reduce_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+        m.ranks[r].plan, reinterpret_cast<const uint4*>(region(r, "combine_recv")),
+        reinterpret_cast<const int32_t*>(region(r, "token_count")), static_cast<uint4*>(in[r].y), H, W, Tm);
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void MoeLayer::check(CUstream_st* stream) {
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::string first;
+  for (const Impl::Rank& r : impl_->ranks) {
+    cuda::DeviceError e;
+    COMET_CUDA_CHECK(cudaMemcpy(&e, r.error, sizeof e, cudaMemcpyDeviceToHost));
+    if (e.claimed && first.empty()) first = cuda::describe(e);
+    // Cleared once reported, so the layer stays usable for the next call.
+    COMET_CUDA_CHECK(cudaMemset(r.error, 0, sizeof(cuda::DeviceError)));
+  }
+  if (!first.empty()) throw Error("MoeLayer: " + first);
+}
+
+}  // namespace comet

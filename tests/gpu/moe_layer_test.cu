@@ -1,0 +1,141 @@
+// GPU tests of MoeLayer (label `gpu`): W virtual ranks on one GPU (Loopback fabric), every
+// preset scaled down, EP, TP and EP+TP, every routing generator, uneven and empty ranks,
+// against the fp64 CPU oracle; repeated calls bitwise equal; bad input reported by check().
+#include <cuda_bf16.h>
+
+#include <sstream>
+
+#include "comet/layer.h"
+#include "comet/problem.h"
+#include "cuda/device_problem.h"
+#include "fabric/fabric.h"
+#include "gpu_test_util.h"
+#include "ref/oracle.h"
+
+namespace comet {
+namespace {
+
+struct LayerCase {
+  std::string model;
+  int shape_factor, world, tp, t_max;
+  std::vector<int> tokens;
+  RoutingSpec spec;
+  uint64_t seed;
+  LayerConfig config() const {
+    LayerConfig c;
+    c.model = ModelPresets::get(model).scaled_down(shape_factor);
+    c.layout = {world, world / tp, tp};
+    c.max_tokens_per_rank = t_max;
+    c.tiles = {128, 128, 256};
+    return c;
+  }
+  std::string describe() const {
+    std::ostringstream os;
+    os << model << "/" << shape_factor << " W=" << world << " TP=" << tp << " T_max=" << t_max
+       << " routing=" << spec.describe() << " seed=" << seed << " tokens=[";
+    for (size_t i = 0; i < tokens.size(); ++i) os << (i ? "," : "") << tokens[i];
+    return os.str() + "]";
+  }
+};
+
+std::vector<LayerCase> layer_cases() {
+  std::vector<LayerCase> out;
+  uint64_t seed = 1;
+  const RoutingSpec specs[] = {{RoutingKind::kUniform, 0, 0}, {RoutingKind::kZipf, 1.2, 0.1},
+                               {RoutingKind::kImbalance, 0.05, 0}};
+  for (const std::string model : {"mixtral-8x7b", "qwen2-moe-2.7b", "phi-3.5-moe", "qwen3-30b-a3b", "deepseek-v3"})
+    for (auto [world, tp] : {std::pair{1, 1}, {2, 1}, {4, 2}, {8, 1}, {8, 2}, {8, 8}}) {
+      const ModelShape m = ModelPresets::get(model).scaled_down(16);
+      if (m.num_experts % (world / tp) != 0 || (m.ffn / tp) % 8 != 0) continue;
+      LayerCase c{model, 16, world, tp, 96, {}, specs[seed % 3], seed};
+      for (int r = 0; r < world; ++r) c.tokens.push_back(r == 1 ? 0 : 96 - 13 * r % 90);
+      ++seed;
+      out.push_back(c);
+    }
+  return out;
+}
+
+class MoeLayerTest : public ::testing::TestWithParam<LayerCase> {};
+
+TEST_P(MoeLayerTest, MatchesTheOracleAndRepeatsBitwise) {
+  COMET_REQUIRE_GPU();
+  const LayerCase& lc = GetParam();
+  SCOPED_TRACE(lc.describe());
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  const auto want = ref::oracle_forward(p);
+  auto fabric = fabric::make_loopback_fabric(c.layout.world);
+  MoeLayer layer(c, *fabric);
+  layer.set_weights(p.weights);
+  cuda::DeviceProblem d(c, p);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  const auto got = d.download_y();
+  const ref::Comparison cmp = ref::compare_outputs(got, want);
+  EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+  d.poison_y();
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  EXPECT_EQ(d.download_y(), got) << "a second call differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MoeLayerTest, ::testing::ValuesIn(layer_cases()),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
+
+TEST(MoeLayer, NewRoutingAndTokenCountsWithoutReallocation) {
+  COMET_REQUIRE_GPU();
+  LayerCase lc{"deepseek-v3", 16, 4, 2, 128, {128, 0, 77, 5}, {RoutingKind::kZipf, 1.5, 0.2}, 42};
+  const LayerConfig c = lc.config();
+  auto fabric = fabric::make_loopback_fabric(4);
+  MoeLayer layer(c, *fabric);
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    const std::vector<int> tokens = call == 1 ? std::vector<int>{3, 128, 0, 64} : lc.tokens;
+    const MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + call);
+    if (call == 0) layer.set_weights(p.weights);
+    MoeProblem same_weights = p;
+    if (call > 0) same_weights.weights = make_problem(c, lc.tokens, lc.spec, lc.seed).weights;
+    cuda::DeviceProblem d(c, same_weights);
+    layer.forward(d.tensors(), nullptr);
+    layer.check(nullptr);
+    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(same_weights));
+    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+  }
+}
+
+TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
+  COMET_REQUIRE_GPU();
+  LayerCase lc{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7};
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  auto fabric = fabric::make_loopback_fabric(2);
+  MoeLayer layer(c, *fabric);
+  layer.set_weights(p.weights);
+  cuda::DeviceProblem d(c, p);
+  d.set_token_count(1, 65);  // more than T_max
+  layer.forward(d.tensors(), nullptr);
+  try {
+    layer.check(nullptr);
+    ADD_FAILURE() << "a token count above T_max was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad input from rank 1"), std::string::npos) << e.what();
+  }
+  d.set_token_count(1, 30);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
+  EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+}
+
+TEST(MoeLayer, RefusesConfigurationsItCannotRun) {
+  LayerConfig c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
+  c.model.activation = Activation::kGelu;
+  EXPECT_FALSE(MoeLayer::can_implement(c).ok);
+  EXPECT_NE(MoeLayer::can_implement(c).reason.find("gelu"), std::string::npos);
+  c.model.activation = Activation::kSwiGlu;
+  c.model.hidden = 100;
+  EXPECT_NE(MoeLayer::can_implement(c).reason.find("multiples of 8"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace comet

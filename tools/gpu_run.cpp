@@ -1,0 +1,47 @@
+// The CUDA path of `comet run`: upload, MoeLayer forward, download.
+#include "gpu_run.h"
+
+#include <cuda_runtime.h>
+
+#include "comet/layer.h"
+#include "cuda/check.h"
+#include "cuda/device_info.h"
+#include "cuda/device_problem.h"
+#include "fabric/fabric.h"
+
+namespace comet::tools {
+
+bool gpu_available(std::string* why) {
+  const cuda::DeviceInfo info = cuda::query_device_info();
+  if (info.device_count > 0) return true;
+  if (why) *why = info.error.empty() ? "no CUDA device is visible" : "no CUDA device is visible (" + info.error + ")";
+  return false;
+}
+
+GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p) {
+  const Status ok = MoeLayer::can_implement(config);
+  COMET_CHECK(ok.ok, "the CUDA backend cannot run this workload: " << ok.reason);
+  const int W = config.layout.world;
+  GpuRun out;
+  out.device = cuda::query_device_info().name;
+  auto fabric = fabric::make_loopback_fabric(W);
+  MoeLayer layer(config, *fabric);
+  layer.set_weights(p.weights);
+  const cuda::DeviceProblem tensors(config, p);
+  cudaEvent_t start, stop;
+  COMET_CUDA_CHECK(cudaEventCreate(&start));
+  COMET_CUDA_CHECK(cudaEventCreate(&stop));
+  COMET_CUDA_CHECK(cudaEventRecord(start, nullptr));
+  layer.forward(tensors.tensors(), nullptr);
+  COMET_CUDA_CHECK(cudaEventRecord(stop, nullptr));
+  layer.check(nullptr);
+  float ms = 0;
+  COMET_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  out.forward_us = ms * 1e3;
+  out.y = tensors.download_y();
+  return out;
+}
+
+}  // namespace comet::tools
