@@ -1,6 +1,8 @@
 // Upload and download of a MoeProblem's per-rank tensors.
 #include "cuda/device_problem.h"
 
+#include <algorithm>
+
 #include "comet/dtype.h"
 #include "cuda/check.h"
 
@@ -26,6 +28,7 @@ DeviceProblem::DeviceProblem(const LayerConfig& c, const MoeProblem& p) : buffer
   COMET_CHECK(int(p.x.size()) == W && int(p.routing.size()) == W,
               "DeviceProblem: the problem has " << p.x.size() << " ranks, the config " << W);
   hidden_ = H;
+  t_max_ = Tm;
   for (int r = 0; r < W; ++r) {
     const Routing& rt = p.routing[r];
     COMET_CHECK(rt.num_tokens <= Tm, "DeviceProblem: rank " << r << " has " << rt.num_tokens << " tokens, T_max is " << Tm);
@@ -48,10 +51,14 @@ DeviceProblem::DeviceProblem(const LayerConfig& c, const MoeProblem& p) : buffer
 
 DeviceProblem::~DeviceProblem() = default;
 
+size_t DeviceProblem::rows(size_t rank) const {
+  return size_t(std::clamp(tokens_[rank], 0, t_max_));
+}
+
 std::vector<std::vector<float>> DeviceProblem::download_y() const {
   std::vector<std::vector<float>> out;
   for (size_t r = 0; r < tensors_.size(); ++r) {
-    std::vector<uint16_t> bits(size_t(tokens_[r]) * hidden_);
+    std::vector<uint16_t> bits(rows(r) * hidden_);
     if (!bits.empty())
       COMET_CUDA_CHECK(cudaMemcpy(bits.data(), tensors_[r].y, bits.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<float> v(bits.size());
@@ -63,12 +70,13 @@ std::vector<std::vector<float>> DeviceProblem::download_y() const {
 
 void DeviceProblem::poison_y() {
   for (size_t r = 0; r < tensors_.size(); ++r)
-    COMET_CUDA_CHECK(cudaMemset(tensors_[r].y, 0xff, size_t(tokens_[r]) * hidden_ * 2));
+    COMET_CUDA_CHECK(cudaMemset(tensors_[r].y, 0xff, rows(r) * hidden_ * 2));
 }
 
 void DeviceProblem::set_token_count(int rank, int32_t count) {
   COMET_CHECK(rank >= 0 && rank < int(tensors_.size()), "DeviceProblem: no rank " << rank);
   COMET_CUDA_CHECK(cudaMemcpy(const_cast<int32_t*>(tensors_[rank].num_tokens), &count, 4, cudaMemcpyHostToDevice));
+  tokens_[rank] = count;
 }
 
 }  // namespace comet::cuda

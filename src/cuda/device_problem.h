@@ -23,10 +23,11 @@ class DeviceProblem {
   DeviceProblem& operator=(const DeviceProblem&) = delete;
 
   const std::vector<RankTensors>& tensors() const { return tensors_; }
-  // y of every rank, its first num_tokens rows, as float.
+  // y of every rank, its first min(num_tokens, T_max) rows, as float.
   std::vector<std::vector<float>> download_y() const;
   void poison_y();
-  // Overwrites rank r's device token count (tests of bad input and of changing counts).
+  // Overwrites rank r's device token count (tests of bad input and of changing counts); later
+  // download_y() and poison_y() use it too.
   void set_token_count(int rank, int32_t count);
 
  private:
@@ -35,6 +36,8 @@ class DeviceProblem {
   std::vector<RankTensors> tensors_;
   std::vector<int> tokens_;
   int hidden_ = 0;
+  int t_max_ = 0;
+  size_t rows(size_t rank) const;  // min(tokens_[rank], t_max_), at least 0
 };
 
 }  // namespace comet::cuda

@@ -103,6 +103,55 @@ TEST(MoeLayer, NewRoutingAndTokenCountsWithoutReallocation) {
   }
 }
 
+// The whole forward captured once in a CUDA graph, then replayed with routing and token counts
+// rewritten in place (same device buffers): no host synchronization is baked into the graph.
+TEST(MoeLayer, GraphReplayWithNewRoutingAndTokenCounts) {
+  COMET_REQUIRE_GPU();
+  const LayerCase lc{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 5};
+  const LayerConfig c = lc.config();
+  const MoeProblem first = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  auto fabric = fabric::make_loopback_fabric(4);
+  MoeLayer layer(c, *fabric);
+  layer.set_weights(first.weights);
+  cuda::DeviceProblem d(c, first);
+  cudaStream_t stream;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  layer.forward(d.tensors(), stream);  // first call outside the capture (one-time attributes)
+  layer.check(stream);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  COMET_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  layer.forward(d.tensors(), stream);
+  COMET_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  COMET_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    const std::vector<int> tokens = replay == 1 ? std::vector<int>{0, 128, 5, 64} : std::vector<int>{77, 3, 128, 128};
+    MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + 10 + replay);
+    p.weights = first.weights;
+    const cuda::DeviceProblem fresh(c, p);  // new inputs, copied into the captured buffers
+    for (int r = 0; r < 4; ++r) {
+      const RankTensors& to = d.tensors()[r];
+      const RankTensors& from = fresh.tensors()[r];
+      const size_t rows = size_t(c.max_tokens_per_rank);
+      COMET_CUDA_CHECK(cudaMemcpy(const_cast<void*>(to.x), from.x, rows * c.model.hidden * 2, cudaMemcpyDeviceToDevice));
+      COMET_CUDA_CHECK(cudaMemcpy(const_cast<int32_t*>(to.expert_ids), from.expert_ids, rows * c.model.topk * 4,
+                                  cudaMemcpyDeviceToDevice));
+      COMET_CUDA_CHECK(cudaMemcpy(const_cast<float*>(to.weights), from.weights, rows * c.model.topk * 4,
+                                  cudaMemcpyDeviceToDevice));
+      d.set_token_count(r, tokens[r]);
+    }
+    d.poison_y();  // every row checked below must come from this replay
+    COMET_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    layer.check(stream);
+    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
+    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   COMET_REQUIRE_GPU();
   LayerCase lc{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7};
