@@ -43,10 +43,14 @@ std::vector<int> parse_tokens(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (item.empty() || used != item.size() || v < 0 || v > (1 << 30))
+    if (item.empty() || used != item.size() || v < 0)
       throw UsageError("--tokens: \"" + item +
                        "\" is not a token count (a non-negative integer, or a comma list with one "
                        "per rank)");
+    // The full-size plan of the lower bound keeps about 1 KB per token and rank in memory.
+    if (v > kMaxTokensPerRank)
+      throw UsageError("--tokens: " + item + " is more than the " + std::to_string(kMaxTokensPerRank) +
+                       " tokens per rank this tool plans for");
     values.push_back(int(v));
   }
   if (values.empty() || text.back() == ',')
@@ -190,9 +194,11 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
   // Layout.
   if (o.ep < 1) throw UsageError("--ep must be at least 1, not " + std::to_string(o.ep));
   if (o.tp < 1) throw UsageError("--tp must be at least 1, not " + std::to_string(o.tp));
-  if (int64_t(o.ep) * o.tp > 4096)
-    throw UsageError("--ep " + std::to_string(o.ep) + " x --tp " + std::to_string(o.tp) +
-                     " is more than 4096 ranks");
+  // Every rank is a thread (and each builds the plan) on the CPU backend: beyond this the
+  // machine, not the protocol, is what fails.
+  if (int64_t(o.ep) * o.tp > kMaxRanks)
+    throw UsageError("--ep " + std::to_string(o.ep) + " x --tp " + std::to_string(o.tp) + " is more than " +
+                     std::to_string(kMaxRanks) + " ranks");
   if (m.num_experts % o.ep != 0)
     throw UsageError("--ep " + std::to_string(o.ep) + " does not divide the " +
                      std::to_string(m.num_experts) + " experts of " + m.name +

@@ -22,6 +22,9 @@
 namespace comet::tools {
 
 // Exit codes of every subcommand (documented in docs/cli.md).
+inline constexpr int kMaxTokensPerRank = 65536;
+inline constexpr int kMaxRanks = 64;
+
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitVerifyFailed = 1;  // ran, but the output does not match the oracle
 inline constexpr int kExitUsage = 2;         // bad option, impossible configuration

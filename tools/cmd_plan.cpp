@@ -258,10 +258,10 @@ int plan_command(const PlanOptions& o) {
   }
 
   // Layer1 schedule of rank R.
-  os << strf("rank %d layer1 schedule: %d column blocks (block_n1 %d of H %d) x %d M tiles = %d "
+  os << strf("rank %d layer1 schedule: %d column blocks (block_n1 %d of H %d) x %d M tiles = %lld "
              "tiles; a column block is complete after %d tile stores\n",
              R, s1.num_col_blocks, c.tiles.block_n1, c.model.hidden, s1.tiles_per_col_block(),
-             s1.num_tiles(), s1.tiles_per_col_block());
+             static_cast<long long>(s1.num_tiles()), s1.tiles_per_col_block());
   if (s1.tiles_per_col_block() > 0) {
     os << strf("  run order: column block 0: M tiles 0..%d (expert-major), then column block 1: "
                "M tiles 0..%d, ... column block %d: M tiles 0..%d; the combine of block j "

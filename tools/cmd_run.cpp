@@ -330,21 +330,55 @@ int run_command(const RunOptions& o) {
                 ? choose_cpu_scale(full.model, full.layout.world, full.max_tokens_per_rank,
                                    o.cpu_budget_gflop * 1e9)
                 : choose_cpu_scale(full.model, full.layout.world, full.max_tokens_per_rank);
-  r.config = full;
-  r.config.model = full.model.scaled_down(r.scale.shape_factor);
-#ifdef COMET_HAVE_CUDA
-  // The GPU kernels need 16-byte rows (F/TP a multiple of 8): scale less until they fit.
-  while (r.backend == "cuda" && r.scale.shape_factor > 1 && !MoeLayer::can_implement(r.config).ok) {
-    r.scale.shape_factor /= 2;
-    r.config.model = full.model.scaled_down(r.scale.shape_factor);
-  }
-#endif
   for (int t : r.full.tokens_per_rank)
     r.tokens_per_rank.push_back(t == 0 ? 0 : std::max(1, t / r.scale.token_factor));
-  r.config.max_tokens_per_rank = *std::max_element(r.tokens_per_rank.begin(), r.tokens_per_rank.end());
-  if (const Status s = r.config.validate(); !s)
-    throw UsageError("the workload scaled down " + std::to_string(r.scale.shape_factor) +
-                     "x for the CPU backend cannot run: " + user_message(s.reason));
+  auto scaled = [&](int factor) {
+    LayerConfig c = full;
+    c.model = full.model.scaled_down(factor);
+    c.max_tokens_per_rank = *std::max_element(r.tokens_per_rank.begin(), r.tokens_per_rank.end());
+    return c;
+  };
+  // Why the backend cannot run a config ("" when it can). Rounding H and F to multiples of 8 can
+  // break F % TP, and the GPU needs 16-byte rows: such factors are halved until the shape fits.
+  auto unfit = [&](const LayerConfig& c, bool gpu) -> std::string {
+    if (const Status s = c.validate(); !s) return s.reason;
+#ifdef COMET_HAVE_CUDA
+    if (gpu) {
+      if (c.dtype != DType::kBF16) return std::string("the CUDA backend runs bf16 only, not ") + dtype_name(c.dtype);
+      if (const Status s = MoeLayer::can_implement(c); !s) return s.reason;
+    }
+#else
+    (void)gpu;
+#endif
+    return "";
+  };
+  auto fit_factor = [&](bool gpu, std::string& why) {
+    for (int f = r.scale.shape_factor;; f /= 2) {
+      why = unfit(scaled(f), gpu);
+      if (why.empty() || f == 1) return why.empty() ? f : 0;
+    }
+  };
+  std::string why;
+  int factor = 0;
+  if (r.backend == "cuda") {
+    factor = fit_factor(true, why);
+    if (factor == 0 && o.backend == "cuda") throw UsageError("--backend cuda cannot run this workload: " + user_message(why));
+    if (factor == 0) r.backend = "cpu";  // auto: the CPU backend runs what the GPU cannot
+  }
+  if (r.backend == "cpu") {
+    factor = fit_factor(false, why);
+    if (factor == 0)
+      throw UsageError("the workload scaled down for the CPU backend cannot run: " + user_message(why));
+  }
+  r.scale.shape_factor = factor;
+  r.config = scaled(factor);
+  // The fp64 oracle holds every expert's weights: bound them even when H cannot shrink further.
+  constexpr double kMaxWeightValues = 256.0 * (1 << 20);
+  const double weight_values = double(r.config.model.num_experts) * double(r.config.model.weights_per_expert());
+  if (weight_values > kMaxWeightValues)
+    throw UsageError("the model's experts hold " + std::to_string(int64_t(weight_values)) +
+                     " weights even scaled down " + std::to_string(factor) + "x, more than the " +
+                     std::to_string(int64_t(kMaxWeightValues)) + " the oracle run allows");
 
   // The problem, the forward pass and the oracle.
   MoeProblem problem = make_problem(r.config, r.tokens_per_rank, r.full.routing, r.full.seed);
@@ -356,11 +390,7 @@ int run_command(const RunOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
 #ifdef COMET_HAVE_CUDA
   if (r.backend == "cuda") {
-    // The GPU kernels take their own tile shapes; the workload stays the same.
-    LayerConfig gpu_config = r.config;
-    gpu_config.dtype = DType::kBF16;
-    if (r.config.dtype != DType::kBF16) throw UsageError("--backend cuda runs bf16 only, not " + std::string(dtype_name(r.config.dtype)));
-    GpuRun g = run_on_gpu(gpu_config, problem);
+    GpuRun g = run_on_gpu(r.config, problem);  // MoeLayer takes its own tile shapes
     r.y = std::move(g.y);
     r.forward_us = g.forward_us;
     r.device = g.device;

@@ -122,7 +122,7 @@ struct Layer1Schedule {
   // Run order: for col_block in 0..: for m_tile in 0..; a column block's counter must rise
   // by tiles_per_col_block() in one call.
   int tiles_per_col_block() const { return int(m_tiles.size()); }
-  int num_tiles() const { return num_col_blocks * tiles_per_col_block(); }
+  int64_t num_tiles() const { return int64_t(num_col_blocks) * tiles_per_col_block(); }
 };
 
 // M tiles of dst's experts, expert-major.

@@ -102,9 +102,17 @@ Status LayerConfig::validate() const {
     return fail("ffn size F=" + std::to_string(m.ffn) + " is not divisible by TP=" + std::to_string(l.tp));
   if (max_tokens_per_rank < 0)
     return fail("max_tokens_per_rank must be >= 0, got " + std::to_string(max_tokens_per_rank));
-  if (tiles.block_m < 1 || tiles.block_n0 < 1 || tiles.block_n1 < 1)
-    return fail("tile shapes must be positive (block_m=" + std::to_string(tiles.block_m) +
-                ", block_n0=" + std::to_string(tiles.block_n0) + ", block_n1=" + std::to_string(tiles.block_n1) + ")");
+  constexpr int kMaxTile = 1 << 16;
+  if (tiles.block_m < 1 || tiles.block_n0 < 1 || tiles.block_n1 < 1 || tiles.block_m > kMaxTile ||
+      tiles.block_n0 > kMaxTile || tiles.block_n1 > kMaxTile)
+    return fail("tile shapes must be within [1, " + std::to_string(kMaxTile) + "] (block_m=" +
+                std::to_string(tiles.block_m) + ", block_n0=" + std::to_string(tiles.block_n0) +
+                ", block_n1=" + std::to_string(tiles.block_n1) + ")");
+  // Row and tile indices are int32 in the plan and on the device.
+  const int64_t tile_count = max_m_tiles_per_rank() * std::max(num_col_blocks1(), 1);
+  if (max_rows_per_rank() > (int64_t(1) << 31) - 1 || tile_count > (int64_t(1) << 31) - 1)
+    return fail("the buffers of one rank would hold " + std::to_string(max_rows_per_rank()) + " rows and " +
+                std::to_string(tile_count) + " layer1 tiles, more than 2^31 - 1 (fewer tokens or larger tiles)");
   return Status::success();
 }
 

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <mutex>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "comet/workspace.h"
@@ -65,14 +66,26 @@ void guarded(FailureLog& log, Fn&& fn) {
   }
 }
 
-// The CPU analogue of a kernel launch: `num_workers` threads run body(worker) and are joined.
-void launch_workers(int num_workers, FailureLog& log, const std::function<void(int)>& body) {
+// The CPU analogue of a kernel launch (also used for the rank threads): threads running fn(i)
+// for i in [0, n), joined before returning. If a thread cannot be created
+// (system limits), the failure is recorded (which aborts every wait) and the threads already
+// started are still joined: never std::terminate from a joinable thread's destructor.
+void launch_workers(int n, FailureLog& log, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
-  threads.reserve(num_workers);
-  for (int w = 0; w < num_workers; ++w)
-    threads.emplace_back([&log, &body, w] { guarded(log, [&] { body(w); }); });
+  threads.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    try {
+      threads.emplace_back([&log, &fn, i] { guarded(log, [&] { fn(i); }); });
+    } catch (const std::system_error& e) {
+      log.record(std::make_exception_ptr(
+          Error(std::string("the CPU backend could not start thread ") + std::to_string(i + 1) + " of " +
+                std::to_string(n) + ": " + e.what() + " (fewer ranks or workers)")));
+      break;
+    }
+  }
   for (auto& t : threads) t.join();
 }
+
 
 struct CallContext {
   std::atomic<bool> abort{false};
@@ -274,10 +287,7 @@ std::vector<std::vector<float>> TypedImpl<T>::forward(const std::vector<std::vec
   ctx.policy.timeout = options_.timeout;
   ctx.policy.abort = &ctx.abort;
   std::vector<std::vector<float>> y(W);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < W; ++r)
-    ranks.emplace_back([&, r] { guarded(ctx.log, [&] { run_rank(r, x[r], routing[r], ctx, y[r]); }); });
-  for (auto& t : ranks) t.join();
+  launch_workers(W, ctx.log, [&](int r) { run_rank(r, x[r], routing[r], ctx, y[r]); });
   if (std::exception_ptr error = ctx.log.first()) {
     reset_signals();  // every worker has joined: safe, and the backend stays usable
     std::rethrow_exception(error);
@@ -437,7 +447,7 @@ void TypedImpl<T>::run_layer1(int r, const DispatchPlan& plan, const std::vector
 
   auto compute_worker = [&](int) {
     std::vector<float> acc(bn);
-    for (int i; (i = next_tile.fetch_add(1)) < s.num_tiles();) {
+    for (int i; (i = next_tile.fetch_add(1)) < s.num_tiles();) {  // < 2^31 (LayerConfig::validate)
       const int j = i / num_tiles;  // column-block-major
       const MTile& tile = s.m_tiles[i % num_tiles];
       const int c0 = j * bn, nc = std::min<int>(bn, int(H) - c0);

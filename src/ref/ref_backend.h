@@ -35,7 +35,7 @@ struct RefOptions {
 struct ForwardStats {
   int64_t rows_landed = 0;       // layer0 rows written into A buffers (all ranks)
   int64_t tiles_waited = 0;      // layer0 tiles that had to wait for a signal
-  int64_t partial_rows_sent = 0; // layer1 pre-reduced rows pushed (all ranks, all columns / NB)
+  int64_t partial_rows_sent = 0; // layer1 partial rows pushed, one per token per column block
 };
 
 class RefBackend {

@@ -304,5 +304,22 @@ TEST(CpuScale, SmallWorkIsUnscaled) {
   EXPECT_EQ(s.token_factor, 1);
 }
 
+TEST(LayerConfig, RefusesTilesAndRowCountsBeyondInt32) {
+  LayerConfig c = small_config();
+  c.tiles.block_m = (1 << 16) + 1;
+  EXPECT_FALSE(c.validate().ok);
+  EXPECT_NE(c.validate().reason.find("tile shapes"), std::string::npos) << c.validate().reason;
+  c = small_config();
+  c.max_tokens_per_rank = 65536;
+  c.model.num_experts = 256;
+  c.model.topk = 8;
+  c.layout = {1, 1, 1};
+  c.model.hidden = 7168;
+  c.tiles = {1, 1, 1};  // one tile per row and column: 524288 x 7168 layer1 tiles > 2^31
+  EXPECT_FALSE(c.validate().ok);
+  EXPECT_NE(c.validate().reason.find("2^31"), std::string::npos) << c.validate().reason;
+  EXPECT_THROW(c.check(), Error);
+}
+
 }  // namespace
 }  // namespace comet
