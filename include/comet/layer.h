@@ -15,8 +15,8 @@
 // - forward() is asynchronous on `stream` and never synchronizes; a device-side problem (bad
 //   token count or expert id, a timeout) is recorded and reported by check().
 // - config.tiles is replaced by the GPU kernels' tile shapes (block_m = 128).
-// - Today forward() runs the unfused pipeline (one kernel per step; see docs/gpu_layer.md); the
-//   fused overlap kernels replace its middle steps.
+// - By default forward() runs the unfused pipeline (one kernel per step, docs/gpu_layer.md);
+//   LayerOptions::fused runs the two Comet kernels instead (comm blocks + GEMM blocks).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,15 @@ namespace comet {
 namespace fabric {
 class Fabric;
 }
+
+// How forward() runs. The fused Comet kernels are opt-in until verified on GPUs (docs/gpu_layer.md).
+struct LayerOptions {
+  bool fused = false;  // false: the unfused pipeline (one kernel per step)
+  int n_comm0 = 16;    // layer0 communication blocks (fused only)
+  int n_comm1 = 16;    // layer1 communication blocks (fused only)
+  double timeout_s = 5.0;  // every device-side wait
+  int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
+};
 
 struct RankTensors {
   const void* x = nullptr;
@@ -54,6 +63,8 @@ class MoeLayer {
   static Status can_implement(const LayerConfig& config);
 
   void set_weights(const ExpertWeights& weights);
+  // From the next forward on. Throws comet::Error for invalid values.
+  void set_options(const LayerOptions& options);
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
   // Waits for `stream`, then throws comet::Error describing the first recorded device error.
   void check(CUstream_st* stream);

@@ -150,10 +150,16 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, D
       record_input_error(a.error, r, WaitRole::kRowOverflow, r, uint64_t(s.max_rows), uint64_t(offset));
       plan.counts[0] = 0;
       plan.num_tiles[0] = plan.num_tiles[1] = 0;
+      for (int pos = 0; pos <= W; ++pos) plan.recv_psum[pos] = 0;  // nothing to dispatch or combine
     }
   }
   __syncthreads();
-  if (bad_rows) return;
+  if (bad_rows) {
+    // No later kernel may follow stale indices: the own tokens are sent nowhere.
+    const int T = token_count(r);
+    for (int64_t i = tid; i < int64_t(T) * W; i += kThreads) plan.send_pos[i] = -1;
+    return;
+  }
 
   // Pass 3: place received tokens and rows.
   for (int pos = 0; pos < W; ++pos) {
@@ -300,6 +306,18 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, D
     int m, n;
     raster_tile(TileOrder::kColumnBlockMajor, i, num_m, s.n_blocks1, m, n);
     plan.tiles1[i] = GemmTile{plan.m_tile_row[m], n, expert_of(m), m};
+  }
+  // Epoch targets of this call (docs/protocol.md): each counter rises by exactly the expected
+  // count, so target = what earlier calls delivered + this call's expectation.
+  if (a.tile_base != nullptr) {
+    for (int m = tid; m < num_m; m += kThreads) {
+      a.tile_target[m] = a.tile_base[m] + uint64_t(plan.m_tile_rows[m]);
+      a.tile_base[m] = a.tile_target[m];
+    }
+    for (int j = tid; j < s.n_blocks1; j += kThreads) {
+      a.col_target[j] = a.col_base[j] + uint64_t(num_m);
+      a.col_base[j] = a.col_target[j];
+    }
   }
 }
 

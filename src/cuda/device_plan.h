@@ -79,6 +79,15 @@ struct DevicePlanArgs {
   const float* const* route_weights = nullptr;   // [W] -> [Tm][topk]
   DevicePlanView plan{};
   DeviceError* error = nullptr;                  // records a token count above T_max
+  // Epoch signals of the fused kernels (optional; all four or none). Counters are never reset:
+  // the plan kernel, which runs before the layer kernels of the same call in stream order,
+  // turns the bases (what earlier calls delivered) into this call's targets and advances them.
+  //   tile_target[m] = tile_base[m] + rows of M tile m     (layer0: rows landed per tile)
+  //   col_target[j]  = col_base[j]  + number of M tiles    (layer1: tiles stored per column block)
+  uint64_t* tile_base = nullptr;    // [MT], persistent
+  uint64_t* tile_target = nullptr;  // [MT]
+  uint64_t* col_base = nullptr;     // [NB1], persistent
+  uint64_t* col_target = nullptr;   // [NB1]
 };
 
 // Launches the plan kernel of one rank (one block, asynchronous on `stream`).

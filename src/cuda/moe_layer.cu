@@ -19,6 +19,7 @@
 #include "comet/workspace.h"
 #include "cuda/check.h"
 #include "cuda/device_plan.h"
+#include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
 #include "fabric/fabric.h"
 
@@ -29,6 +30,7 @@ namespace {
 using cuda::DevicePlanView;
 
 constexpr int kWarpsPerBlock = 8;
+constexpr int kGrid = 132;  // blocks of the copy kernels (grid-stride loops; any size is correct)
 
 __device__ __forceinline__ int ring_pos_of(const int32_t* recv_psum, int world, int slot) {
   int pos = 0;
@@ -146,15 +148,120 @@ struct MoeLayer::Impl {
     const int32_t** count_table = nullptr;  // [W] peers' token_count regions
     const int32_t** id_table = nullptr;
     const float** weight_table = nullptr;
+    // Epoch bookkeeping of the fused kernels, one allocation: tile base/target [MT] each, then
+    // column base/target [NB1] each (cuda/device_plan.h).
+    uint64_t* epochs = nullptr;
   };
   std::vector<Rank> ranks;
   bool have_weights = false;
+  LayerOptions options;
+  int64_t epoch_words() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1; }
+  // GEMM arguments of rank r for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1).
+  cuda::GroupedGemmArgs gemm_args(int r, int layer) const {
+    const LayerConfig& c = config;
+    cuda::GroupedGemmArgs g;
+    g.epilogue = layer == 0 ? cuda::GemmEpilogue::kSwiGlu : cuda::GemmEpilogue::kIdentity;
+    g.kernel = cuda::GemmKernel::kCooperative128x256;
+    g.num_experts = c.experts_per_rank();
+    g.max_rows = int(c.max_rows_per_rank());
+    g.n = layer == 0 ? c.ffn_per_rank() : c.model.hidden;
+    g.k = layer == 0 ? c.model.hidden : c.ffn_per_rank();
+    g.a = region(r, layer == 0 ? "a_rows" : "inter");
+    g.b = layer == 0 ? ranks[r].w0 : ranks[r].w1;
+    g.d = region(r, layer == 0 ? "inter" : "out_rows");
+    g.tiles = layer == 0 ? ranks[r].plan.tiles0 : ranks[r].plan.tiles1;
+    g.num_tiles = ranks[r].plan.num_tiles + layer;
+    g.error = ranks[r].error;
+    g.timeout_ns = uint64_t(options.timeout_s * 1e9);
+    g.rank = r;
+    g.layer = layer;
+    return g;
+  }
+  char* region(int r, const char* name) const {
+    return static_cast<char*>(fabric.base(r)) + layout.region(name).offset_bytes;
+  }
+
+  // Steps 3-5, one kernel each (the GPU oracle of the fused kernels).
+  void run_unfused(cudaStream_t stream) const {
+    const int W = config.layout.world, H = config.model.hidden;
+    const int64_t x_offset = layout.region("x").offset_bytes, combine_offset = layout.region("combine_recv").offset_bytes;
+    for (int r = 0; r < W; ++r) {
+      dispatch_pull_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
+          ranks[r].plan, fabric.peer_table(r), x_offset, reinterpret_cast<uint4*>(region(r, "a_rows")), H,
+          plan_layout.rows_per_token, W, r);
+      COMET_CUDA_CHECK_LAUNCH();
+    }
+    for (int r = 0; r < W; ++r) {
+      cuda::run_grouped_gemm(gemm_args(r, 0), stream);
+      cuda::run_grouped_gemm(gemm_args(r, 1), stream);
+    }
+    for (int r = 0; r < W; ++r) {
+      combine_push_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
+          ranks[r].plan, fabric.peer_table(r), combine_offset, reinterpret_cast<const uint4*>(region(r, "out_rows")),
+          H, plan_layout.rows_per_token, W, r, config.max_tokens_per_rank);
+      COMET_CUDA_CHECK_LAUNCH();
+    }
+  }
+
+  // Steps 3-5 as the two Comet kernels of every rank (cuda/fused_layer.h). On one GPU the ranks'
+  // kernels run one after another: layer0 only pulls published rows and layer1 only pushes, so
+  // no kernel waits on another rank's kernel.
+  void run_fused(cudaStream_t stream) const {
+    const int W = config.layout.world;
+    const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
+    for (int layer = 0; layer < 2; ++layer)
+      for (int r = 0; r < W; ++r) {
+        uint64_t* e = ranks[r].epochs;
+        cuda::FusedCommArgs f;
+        f.plan = ranks[r].plan;
+        f.peers = fabric.peer_table(r);
+        f.x_offset = layout.region("x").offset_bytes;
+        f.combine_offset = layout.region("combine_recv").offset_bytes;
+        f.a_rows = region(r, "a_rows");
+        f.out_rows = region(r, "out_rows");
+        f.tile_arrivals = reinterpret_cast<uint64_t*>(region(r, "tile_arrivals"));
+        f.col_done = reinterpret_cast<uint64_t*>(region(r, "col_done"));
+        f.col_target = e + 2 * mt + nb;
+        f.hidden = config.model.hidden;
+        f.rows_per_token = plan_layout.rows_per_token;
+        f.world = W;
+        f.rank = r;
+        f.t_max = config.max_tokens_per_rank;
+        f.num_col_blocks = int(nb);
+        f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
+        f.n_comm = layer == 0 ? options.n_comm0 : options.n_comm1;
+        f.stall = options.stall_rank == r;
+        f.timeout_ns = uint64_t(options.timeout_s * 1e9);
+        f.error = ranks[r].error;
+        cuda::GroupedGemmArgs g = gemm_args(r, layer);
+        if (layer == 0) {
+          g.wait_flags = f.tile_arrivals;
+          g.wait_targets = e + mt;
+          cuda::run_fused_layer0(g, f, stream);
+        } else {
+          g.done_flags = f.col_done;
+          cuda::run_fused_layer1(g, f, stream);
+        }
+      }
+  }
+
+  // After a failure the counters and bases no longer agree: zero both (nothing runs then).
+  void reset_epochs() {
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      COMET_CUDA_CHECK(cudaMemset(ranks[r].epochs, 0, epoch_words() * sizeof(uint64_t)));
+      for (const char* name : {"tile_arrivals", "col_done"}) {
+        const WorkspaceRegion& reg = layout.region(name);
+        COMET_CUDA_CHECK(cudaMemset(static_cast<char*>(fabric.base(int(r))) + reg.offset_bytes, 0, reg.bytes));
+      }
+    }
+  }
 
   Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(config), plan_layout(config) {}
   ~Impl() {
     for (Rank& r : ranks)
       for (void* p : {r.plan_buffer, r.w0, r.w1, static_cast<void*>(r.error), static_cast<void*>(r.count_table),
-                      static_cast<void*>(r.id_table), static_cast<void*>(r.weight_table)})
+                      static_cast<void*>(r.id_table), static_cast<void*>(r.weight_table),
+                      static_cast<void*>(r.epochs)})
         if (p) cudaFree(p);
   }
 };
@@ -205,7 +312,21 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     COMET_CUDA_CHECK(cudaMemcpy(r.count_table, counts.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
     COMET_CUDA_CHECK(cudaMemcpy(r.id_table, ids.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
     COMET_CUDA_CHECK(cudaMemcpy(r.weight_table, weights.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMalloc(&r.epochs, m.epoch_words() * sizeof(uint64_t)));
+    COMET_CUDA_CHECK(cudaMemset(r.epochs, 0, m.epoch_words() * sizeof(uint64_t)));
   }
+}
+
+void MoeLayer::set_options(const LayerOptions& o) {
+  int device = 0, num_sms = 0;
+  COMET_CUDA_CHECK(cudaGetDevice(&device));
+  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  COMET_CHECK(!o.fused || (o.n_comm0 >= 1 && o.n_comm0 < num_sms && o.n_comm1 >= 1 && o.n_comm1 < num_sms),
+              "MoeLayer: n_comm0 " << o.n_comm0 << " and n_comm1 " << o.n_comm1 << " must be in [1, " << num_sms - 1
+                                   << "] (this GPU has " << num_sms << " SMs)");
+  COMET_CHECK(o.timeout_s > 0, "MoeLayer: timeout must be positive, got " << o.timeout_s);
+  COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
+  impl_->options = o;
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -250,9 +371,7 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
   for (int r = 0; r < W; ++r)
     COMET_CHECK(in[r].x && in[r].expert_ids && in[r].weights && in[r].num_tokens && in[r].y,
                 "MoeLayer: rank " << r << " has a null tensor pointer");
-  const int rows_per_token = m.plan_layout.rows_per_token;
-  const int grid = 132;
-  auto region = [&](int r, const char* name) { return offset_ptr<char>(m.fabric.base(r), m.layout.region(name)); };
+  auto region = [&](int r, const char* name) { return m.region(r, name); };
 
   // Step 1: publish.
   for (int r = 0; r < W; ++r) {
@@ -272,57 +391,23 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
     a.route_weights = m.ranks[r].weight_table;
     a.plan = m.ranks[r].plan;
     a.error = m.ranks[r].error;
+    if (m.options.fused) {
+      uint64_t* e = m.ranks[r].epochs;
+      const int64_t mt = m.plan_layout.max_m_tiles, nb = m.plan_layout.n_blocks1;
+      a.tile_base = e;
+      a.tile_target = e + mt;
+      a.col_base = e + 2 * mt;
+      a.col_target = e + 2 * mt + nb;
+    }
     cuda::build_device_plan(c, a, stream);
   }
-  // Step 3: dispatch.
-  const int64_t x_offset = m.layout.region("x").offset_bytes;
-  for (int r = 0; r < W; ++r) {
-    dispatch_pull_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
-        m.ranks[r].plan, m.fabric.peer_table(r), x_offset, reinterpret_cast<uint4*>(region(r, "a_rows")), H,
-        rows_per_token, W, r);
-    COMET_CUDA_CHECK_LAUNCH();
-  }
-  // Step 4: the two grouped GEMMs.
-  for (int r = 0; r < W; ++r) {
-    cuda::GroupedGemmArgs g0;
-    g0.epilogue = cuda::GemmEpilogue::kSwiGlu;
-    g0.kernel = cuda::GemmKernel::kCooperative128x256;
-    g0.num_experts = c.experts_per_rank();
-    g0.max_rows = int(c.max_rows_per_rank());
-    g0.n = c.ffn_per_rank();
-    g0.k = H;
-    g0.a = region(r, "a_rows");
-    g0.b = m.ranks[r].w0;
-    g0.d = region(r, "inter");
-    g0.tiles = m.ranks[r].plan.tiles0;
-    g0.num_tiles = m.ranks[r].plan.num_tiles;
-    g0.error = m.ranks[r].error;
-    g0.rank = r;
-    g0.layer = 0;
-    cuda::run_grouped_gemm(g0, stream);
-    cuda::GroupedGemmArgs g1 = g0;
-    g1.epilogue = cuda::GemmEpilogue::kIdentity;
-    g1.n = H;
-    g1.k = c.ffn_per_rank();
-    g1.a = region(r, "inter");
-    g1.b = m.ranks[r].w1;
-    g1.d = region(r, "out_rows");
-    g1.tiles = m.ranks[r].plan.tiles1;
-    g1.num_tiles = m.ranks[r].plan.num_tiles + 1;
-    g1.layer = 1;
-    cuda::run_grouped_gemm(g1, stream);
-  }
-  // Step 5: pre-reduce and push to the owners.
-  const int64_t combine_offset = m.layout.region("combine_recv").offset_bytes;
-  for (int r = 0; r < W; ++r) {
-    combine_push_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
-        m.ranks[r].plan, m.fabric.peer_table(r), combine_offset,
-        reinterpret_cast<const uint4*>(region(r, "out_rows")), H, rows_per_token, W, r, Tm);
-    COMET_CUDA_CHECK_LAUNCH();
-  }
+
+  // Steps 3-5: dispatch, the two GEMMs, combine.
+  if (m.options.fused) m.run_fused(stream);
+  else m.run_unfused(stream);
   // Step 6: owner reduce into the caller's y.
   for (int r = 0; r < W; ++r) {
-    owner_reduce_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+    owner_reduce_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
         m.ranks[r].plan, reinterpret_cast<const uint4*>(region(r, "combine_recv")),
         reinterpret_cast<const int32_t*>(region(r, "token_count")), static_cast<uint4*>(in[r].y), H, W, Tm);
     COMET_CUDA_CHECK_LAUNCH();
@@ -339,7 +424,10 @@ void MoeLayer::check(CUstream_st* stream) {
     // Cleared once reported, so the layer stays usable for the next call.
     COMET_CUDA_CHECK(cudaMemset(r.error, 0, sizeof(cuda::DeviceError)));
   }
-  if (!first.empty()) throw Error("MoeLayer: " + first);
+  if (!first.empty()) {
+    impl_->reset_epochs();
+    throw Error("MoeLayer: " + first);
+  }
 }
 
 }  // namespace comet

@@ -176,6 +176,82 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
 }
 
+// The fused Comet kernels against the unfused pipeline: the same GEMM kernel, tile lists and
+// reduction order, so the outputs must be bitwise equal, for any n_comm, over several calls
+// (epoch counters advance, never reset).
+class FusedLayerTest : public ::testing::TestWithParam<LayerCase> {};
+
+TEST_P(FusedLayerTest, BitwiseEqualToUnfusedForAnyNComm) {
+  COMET_REQUIRE_GPU();
+  const LayerCase& lc = GetParam();
+  SCOPED_TRACE(lc.describe());
+  const LayerConfig c = lc.config();
+  auto fabric = fabric::make_loopback_fabric(c.layout.world);
+  MoeLayer layer(c, *fabric);
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed + call);
+    if (call == 0) layer.set_weights(p.weights);
+    MoeProblem q = p;
+    q.weights = make_problem(c, lc.tokens, lc.spec, lc.seed).weights;
+    cuda::DeviceProblem d(c, q);
+    layer.set_options(LayerOptions{});
+    layer.forward(d.tensors(), nullptr);
+    layer.check(nullptr);
+    const auto unfused = d.download_y();
+    const ref::Comparison cmp = ref::compare_outputs(unfused, ref::oracle_forward(q));
+    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+    for (auto [n0, n1] : {std::pair{1, 1}, {16, 16}, {64, 8}}) {
+      SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
+      LayerOptions o;
+      o.fused = true;
+      o.n_comm0 = n0;
+      o.n_comm1 = n1;
+      layer.set_options(o);
+      d.poison_y();
+      layer.forward(d.tensors(), nullptr);
+      layer.check(nullptr);
+      EXPECT_EQ(d.download_y(), unfused) << "fused differs from unfused";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FusedLayerTest, ::testing::ValuesIn(layer_cases()),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
+
+TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
+  COMET_REQUIRE_GPU();
+  const LayerCase lc{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11};
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  auto fabric = fabric::make_loopback_fabric(4);
+  MoeLayer layer(c, *fabric);
+  layer.set_weights(p.weights);
+  cuda::DeviceProblem d(c, p);
+  LayerOptions o;
+  o.fused = true;
+  o.timeout_s = 0.2;
+  o.stall_rank = 2;  // rank 2 never moves its rows: its GEMM waits for tile signals
+  layer.set_options(o);
+  layer.forward(d.tensors(), nullptr);
+  try {
+    layer.check(nullptr);
+    ADD_FAILURE() << "a withheld rank did not time out";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("rank 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("layer0"), std::string::npos) << m;
+    EXPECT_NE(m.find("signal"), std::string::npos) << m;
+  }
+  o.stall_rank = -1;
+  o.timeout_s = 5.0;
+  layer.set_options(o);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
+  EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+}
+
 TEST(MoeLayer, RefusesConfigurationsItCannotRun) {
   LayerConfig c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
   c.model.activation = Activation::kGelu;

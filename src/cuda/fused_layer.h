@@ -1,0 +1,54 @@
+// cuda/fused_layer.h: the two Comet kernels of one rank (DESIGN §1, §4): one persistent,
+// cooperative grid of num_SMs blocks per layer; blocks [0, n_comm) move data, the others run
+// the grouped GEMM (cuda/grouped_gemm.h), and they meet through signals in global memory.
+//
+//   layer0  comm blocks pull every received token once from its owner (ring order: own rows
+//           first), write it to each A row it feeds, and release-add 1 per row to its M tile's
+//           counter; the GEMM producer acquire-waits tile_arrivals[m] >= tile_target[m] before
+//           loading A (GEMM0 + SwiGLU, tiles in the layer0 order of the plan)
+//   layer1  GEMM blocks run GEMM1 column-block groups and release-add 1 per stored tile to
+//           col_done[n_block]; comm blocks acquire-wait col_done[j] >= col_target[j], then
+//           pre-reduce each received token's rows for columns of block j (fp32, slot order,
+//           weighted) and store the bf16 partial into the owner's combine_recv slot
+// The owner's reduce over ranks runs after layer1 (MoeLayer). Every wait has a timeout; the
+// first one to expire fills the DeviceError record and the kernel still finishes.
+//
+// Status: compiled, not yet run on a GPU (docs/gpu_layer.md says what has been verified).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device_plan.h"
+#include "cuda/grouped_gemm.h"
+
+struct CUstream_st;
+
+namespace comet::cuda {
+
+// Everything the communication blocks of one rank need (POD, passed to the kernel by value).
+struct FusedCommArgs {
+  DevicePlanView plan{};
+  void* const* peers = nullptr;       // fabric peer table of this rank (device array [W])
+  int64_t x_offset = 0;               // byte offset of region x in every rank's heap
+  int64_t combine_offset = 0;         // byte offset of region combine_recv in every heap
+  void* a_rows = nullptr;             // layer0 destination, this rank's heap
+  const void* out_rows = nullptr;     // layer1 source, this rank's heap
+  uint64_t* tile_arrivals = nullptr;  // [MT] layer0 counters, this rank's heap
+  uint64_t* col_done = nullptr;       // [NB1] layer1 counters, this rank's heap
+  const uint64_t* col_target = nullptr;  // [NB1] this call's layer1 targets (device plan)
+  int hidden = 0, rows_per_token = 0, world = 1, rank = 0, t_max = 0;
+  int num_col_blocks = 0;             // layer1 column blocks
+  int col_width = 256;                // output columns of one layer1 column block
+  int n_comm = 16;                    // blocks that communicate
+  int stall = 0;                      // fault injection (tests): the comm blocks do nothing
+  uint64_t timeout_ns = 5'000'000'000ull;
+  DeviceError* error = nullptr;
+};
+
+// Launch one layer cooperatively on num_SMs blocks (asynchronous on `stream`). `gemm` carries
+// the GEMM side (tiles, signals: layer0 sets wait_flags/wait_targets, layer1 done_flags).
+// Throws comet::Error if n_comm leaves no GEMM block or the grid cannot be co-resident.
+void run_fused_layer0(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream);
+void run_fused_layer1(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream);
+
+}  // namespace comet::cuda

@@ -1,0 +1,11 @@
+// One kernel configuration per translation unit: fused layer0 (pull dispatch + GEMM0 with SwiGLU).
+#include "cuda/sm90_fused_layer.cuh"
+
+namespace comet::cuda {
+void run_fused_layer0(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream) {
+  COMET_CHECK(gemm.epilogue == GemmEpilogue::kSwiGlu && gemm.wait_flags != nullptr,
+              "fused layer0 runs GEMM0 with SwiGLU and per-tile waits");
+  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, 64>;
+  sm90::launch_fused_layer<Gemm, 0>(gemm, comm, stream);
+}
+}  // namespace comet::cuda
