@@ -21,6 +21,7 @@ struct GpuSpec {
   double bf16_tflops = 0;        // dense bf16 tensor-core rate used by the bound
   double hbm_gbps = 0;           // HBM bandwidth, GB/s
   double link_gbps = 0;          // NVLink bandwidth per direction per GPU, GB/s
+  double copy_gbps_per_block = 0;  // what one communication block moves (cost model of n_comm)
   std::string source;            // where the numbers come from
 };
 
@@ -43,5 +44,10 @@ struct LayerCost {
 double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, int dst);
 
 LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const GpuSpec& gpu);
+
+// The same bound for `tokens_per_rank` tokens on every rank under uniform routing, in
+// expectation (no plan needed): a rank receives T * topk / EP rows from each rank, and a token
+// reaches a given EP group (each of its TP ranks) unless all its topk distinct experts miss it.
+LayerCost expected_layer_cost(const LayerConfig& config, int tokens_per_rank, const GpuSpec& gpu);
 
 }  // namespace comet

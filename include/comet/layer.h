@@ -25,6 +25,7 @@
 
 #include "comet/config.h"
 #include "comet/problem.h"
+#include "comet/tuning.h"
 
 struct CUstream_st;
 
@@ -37,8 +38,10 @@ class Fabric;
 // How forward() runs. The fused Comet kernels are opt-in until verified on GPUs (docs/gpu_layer.md).
 struct LayerOptions {
   bool fused = false;  // false: the unfused pipeline (one kernel per step)
-  int n_comm0 = 16;    // layer0 communication blocks (fused only)
-  int n_comm1 = 16;    // layer1 communication blocks (fused only)
+  // Communication blocks of each fused kernel; 0 chooses: the nearest tuning-table entry
+  // (set_tuning_table, comet/tuning.h) or else the analytic cost model; n_comm_source() says which.
+  int n_comm0 = 0;
+  int n_comm1 = 0;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
 };
@@ -65,6 +68,11 @@ class MoeLayer {
   void set_weights(const ExpertWeights& weights);
   // From the next forward on. Throws comet::Error for invalid values.
   void set_options(const LayerOptions& options);
+  // Entries measured by `comet tune`; replaces any previous table.
+  void set_tuning_table(const TuningTable& table);
+  // The n_comm the fused kernels use, and where they come from ("options", "tuning table: ...",
+  // "cost model: ..."). Tokens per rank are taken as T_max: the host never reads the live count.
+  NCommChoice n_comm() const;
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
   // Waits for `stream`, then throws comet::Error describing the first recorded device error.
   void check(CUstream_st* stream);

@@ -2,6 +2,7 @@
 #include "comet/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 namespace comet {
@@ -9,15 +10,18 @@ namespace comet {
 const std::vector<GpuSpec>& gpu_specs() {
   // One row per GPU. Rates are what the bound divides by; where we measured a sustained
   // rate on the machine it is used (an unreachable datasheet peak would make every bound loose).
+  // copy_gbps_per_block: a probe on the H200 (2026-11-29, DESIGN §8) moved about 14 GB/s per
+  // block with one 16-byte load in flight per thread; it is the cost model's n_comm guess until
+  // `comet tune` measures the real kernels (then the tuning table decides).
   static const std::vector<GpuSpec> specs = {
       // Dense bf16 8192^3 GEMM measured 785 TFLOP/s (cuBLAS, 2026-11-29, DESIGN §8); HBM3e
       // 4.8 TB/s datasheet; NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction.
-      {"H200", 132, 785.0, 4800.0, 450.0, "measured bf16 GEMM rate; HBM and NVLink datasheet"},
+      {"H200", 132, 785.0, 4800.0, 450.0, 14.0, "measured bf16 GEMM rate; HBM and NVLink datasheet"},
       // SXM H100: 989 TFLOP/s datasheet dense bf16, scaled by the same 0.79 measured/peak ratio
       // as the H200 (same chip and clocks); 3.35 TB/s HBM3; NVLink 4 as above.
-      {"H100", 132, 785.0, 3350.0, 450.0, "H200's measured GEMM rate (same chip); datasheet memory"},
+      {"H100", 132, 785.0, 3350.0, 450.0, 14.0, "H200's measured GEMM rate (same chip); datasheet memory"},
       // H800: an H100 with NVLink cut to 400 GB/s bidirectional (200 per direction); the paper's GPU.
-      {"H800", 132, 785.0, 3350.0, 200.0, "as H100, NVLink 200 GB/s per direction"},
+      {"H800", 132, 785.0, 3350.0, 200.0, 14.0, "as H100, NVLink 200 GB/s per direction"},
   };
   return specs;
 }
@@ -62,6 +66,31 @@ LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const 
   c.bound_by = c.lower_bound_us == c.t_compute_us ? "compute"
                : c.lower_bound_us == c.t_comm_us  ? "comm"
                                                   : "weights";
+  return c;
+}
+
+LayerCost expected_layer_cost(const LayerConfig& config, int tokens_per_rank, const GpuSpec& gpu) {
+  const double W = config.layout.world, EP = config.layout.ep, TP = config.layout.tp;
+  const double T = tokens_per_rank, K = config.model.topk;
+  const double row_bytes = double(config.model.hidden) * dtype_bytes(config.dtype);
+  LayerCost c;
+  c.flops_max_rank = W * T * K / EP * double(config.model.flops_per_row()) / TP;
+  // Tokens a rank sends to one other rank (dispatch), and receives back as partials (combine).
+  // A token draws topk distinct experts: it misses a group of E/EP experts with probability
+  // prod_i (E - E/EP - i) / (E - i) (sampling without replacement).
+  const double E = config.model.routed_experts(), group = config.experts_per_rank();
+  double p_miss = 1.0;
+  for (int i = 0; i < config.model.topk; ++i) p_miss *= std::max(0.0, (E - group - i) / (E - i));
+  const double p_group = 1.0 - p_miss;
+  const double per_peer = T * p_group;
+  c.link_bytes_max_rank = 2.0 * per_peer * (W - 1) * row_bytes;  // dispatch out + combine out
+  c.weight_bytes_per_rank = double(config.experts_per_rank()) * config.model.weights_per_expert() / TP *
+                            dtype_bytes(config.dtype);
+  c.t_compute_us = c.flops_max_rank / (gpu.bf16_tflops * 1e12) * 1e6;
+  c.t_comm_us = c.link_bytes_max_rank / (gpu.link_gbps * 1e9) * 1e6;
+  c.t_weights_us = c.weight_bytes_per_rank / (gpu.hbm_gbps * 1e9) * 1e6;
+  c.lower_bound_us = std::max({c.t_compute_us, c.t_comm_us, c.t_weights_us});
+  c.bound_by = c.lower_bound_us == c.t_compute_us ? "compute" : c.lower_bound_us == c.t_comm_us ? "comm" : "weights";
   return c;
 }
 

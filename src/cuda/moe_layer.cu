@@ -17,7 +17,9 @@
 
 #include "comet/layer.h"
 #include "comet/workspace.h"
+#include "comet/cost_model.h"
 #include "cuda/check.h"
+#include "cuda/device_info.h"
 #include "cuda/device_plan.h"
 #include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
@@ -155,6 +157,21 @@ struct MoeLayer::Impl {
   std::vector<Rank> ranks;
   bool have_weights = false;
   LayerOptions options;
+  TuningTable tuning;
+  NCommChoice n_comm;  // resolved from options, the tuning table or the cost model
+  void resolve_n_comm() {
+    if (options.n_comm0 > 0 && options.n_comm1 > 0) {
+      n_comm = {options.n_comm0, options.n_comm1, "options"};
+      return;
+    }
+    const cuda::DeviceInfo info = cuda::query_device_info();
+    const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank);
+    GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
+    gpu.num_sms = info.num_sms;
+    n_comm = choose_n_comm(&tuning, key, config, expected_layer_cost(config, config.max_tokens_per_rank, gpu), gpu);
+    if (options.n_comm0 > 0) n_comm.n_comm0 = options.n_comm0;
+    if (options.n_comm1 > 0) n_comm.n_comm1 = options.n_comm1;
+  }
   int64_t epoch_words() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1; }
   // GEMM arguments of rank r for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1).
   cuda::GroupedGemmArgs gemm_args(int r, int layer) const {
@@ -229,7 +246,7 @@ struct MoeLayer::Impl {
         f.t_max = config.max_tokens_per_rank;
         f.num_col_blocks = int(nb);
         f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
-        f.n_comm = layer == 0 ? options.n_comm0 : options.n_comm1;
+        f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
         f.stall = options.stall_rank == r;
         f.timeout_ns = uint64_t(options.timeout_s * 1e9);
         f.error = ranks[r].error;
@@ -315,19 +332,28 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     COMET_CUDA_CHECK(cudaMalloc(&r.epochs, m.epoch_words() * sizeof(uint64_t)));
     COMET_CUDA_CHECK(cudaMemset(r.epochs, 0, m.epoch_words() * sizeof(uint64_t)));
   }
+  m.resolve_n_comm();
 }
 
 void MoeLayer::set_options(const LayerOptions& o) {
   int device = 0, num_sms = 0;
   COMET_CUDA_CHECK(cudaGetDevice(&device));
   COMET_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  COMET_CHECK(!o.fused || (o.n_comm0 >= 1 && o.n_comm0 < num_sms && o.n_comm1 >= 1 && o.n_comm1 < num_sms),
-              "MoeLayer: n_comm0 " << o.n_comm0 << " and n_comm1 " << o.n_comm1 << " must be in [1, " << num_sms - 1
-                                   << "] (this GPU has " << num_sms << " SMs)");
+  COMET_CHECK(o.n_comm0 >= 0 && o.n_comm0 < num_sms && o.n_comm1 >= 0 && o.n_comm1 < num_sms,
+              "MoeLayer: n_comm0 " << o.n_comm0 << " and n_comm1 " << o.n_comm1 << " must be in [0, " << num_sms - 1
+                                   << "] (0 chooses; this GPU has " << num_sms << " SMs)");
   COMET_CHECK(o.timeout_s > 0, "MoeLayer: timeout must be positive, got " << o.timeout_s);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
   impl_->options = o;
+  impl_->resolve_n_comm();
 }
+
+void MoeLayer::set_tuning_table(const TuningTable& table) {
+  impl_->tuning = table;
+  impl_->resolve_n_comm();
+}
+
+NCommChoice MoeLayer::n_comm() const { return impl_->n_comm; }
 
 MoeLayer::~MoeLayer() = default;
 

@@ -1,0 +1,70 @@
+// comet/tuning.h: how many thread blocks communicate (n_comm) in each fused kernel, from a
+// tuning table measured by `comet tune`, or from the analytic cost model when no entry is near.
+//
+// Lookup (DESIGN §5): an entry applies only to the same GPU (name and SM count), the same expert
+// shape (H, F, E, topk) and the same layout (W, EP, TP); among those, the nearest in tokens per
+// rank wins, with distance |log2(tokens / entry tokens)|. An entry further than
+// kMaxTuningDistance (a factor of 2 in tokens) is not used: the cost model decides instead,
+// and the choice says so. Ties go to the entry with fewer tokens (the cheaper guess).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comet/config.h"
+#include "comet/cost_model.h"
+
+namespace comet {
+
+inline constexpr double kMaxTuningDistance = 1.0;
+
+struct TuningKey {
+  std::string gpu;  // device name as the driver reports it, e.g. "NVIDIA H200"
+  int num_sms = 0;
+  int hidden = 0, ffn = 0, num_experts = 0, topk = 0;
+  int world = 0, ep = 0, tp = 0;
+  int tokens_per_rank = 0;
+  // Everything but tokens_per_rank equal.
+  bool same_workload_class(const TuningKey& other) const;
+  std::string describe() const;
+};
+
+TuningKey tuning_key(const LayerConfig& config, const std::string& gpu, int num_sms, int tokens_per_rank);
+
+struct TuningEntry {
+  TuningKey key;
+  int n_comm0 = 0, n_comm1 = 0;
+  double latency_us = 0;  // fused forward latency measured with these values
+};
+
+class TuningTable {
+ public:
+  void add(const TuningEntry& entry);  // replaces an entry with an equal key
+  const std::vector<TuningEntry>& entries() const { return entries_; }
+  // The nearest applicable entry and its distance, or nothing.
+  struct Match {
+    const TuningEntry* entry;
+    double distance;
+  };
+  std::optional<Match> nearest(const TuningKey& key) const;
+
+ private:
+  std::vector<TuningEntry> entries_;
+};
+
+struct NCommChoice {
+  int n_comm0 = 0, n_comm1 = 0;
+  std::string source;  // "tuning table: ..." or "cost model: ..."
+};
+
+// Analytic n_comm for one layer: the smallest n in [1, num_sms / 2] minimizing
+// max(t_gemm(n), t_comm(n)), with t_gemm = flop / (rate * (num_sms - n) / num_sms) and
+// t_comm = bytes / min(link_gbps, n * per_block_gbps).
+int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, double link_gbps, double per_block_gbps);
+
+// Per-rank n_comm for a workload: table entry if one is near, else the cost model on `gpu`.
+NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const LayerConfig& config,
+                          const LayerCost& cost, const GpuSpec& gpu);
+
+}  // namespace comet

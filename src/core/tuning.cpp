@@ -1,0 +1,97 @@
+// Tuning table lookup and the analytic n_comm fallback.
+#include "comet/tuning.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace comet {
+
+bool TuningKey::same_workload_class(const TuningKey& o) const {
+  return gpu == o.gpu && num_sms == o.num_sms && hidden == o.hidden && ffn == o.ffn &&
+         num_experts == o.num_experts && topk == o.topk && world == o.world && ep == o.ep && tp == o.tp;
+}
+
+std::string TuningKey::describe() const {
+  std::ostringstream os;
+  os << gpu << " (" << num_sms << " SMs), H " << hidden << " F " << ffn << " E " << num_experts << " topk " << topk
+     << ", W " << world << " = EP " << ep << " x TP " << tp << ", " << tokens_per_rank << " tokens/rank";
+  return os.str();
+}
+
+TuningKey tuning_key(const LayerConfig& c, const std::string& gpu, int num_sms, int tokens_per_rank) {
+  return {gpu, num_sms, c.model.hidden, c.model.ffn, c.model.num_experts, c.model.topk,
+          c.layout.world, c.layout.ep, c.layout.tp, tokens_per_rank};
+}
+
+void TuningTable::add(const TuningEntry& e) {
+  COMET_CHECK(e.key.tokens_per_rank > 0 && e.n_comm0 > 0 && e.n_comm1 > 0,
+              "tuning entry needs positive tokens and n_comm (" << e.key.describe() << ")");
+  for (TuningEntry& old : entries_)
+    if (old.key.same_workload_class(e.key) && old.key.tokens_per_rank == e.key.tokens_per_rank) {
+      old = e;
+      return;
+    }
+  entries_.push_back(e);
+}
+
+std::optional<TuningTable::Match> TuningTable::nearest(const TuningKey& key) const {
+  std::optional<Match> best;
+  if (key.tokens_per_rank <= 0) return best;
+  for (const TuningEntry& e : entries_) {
+    if (!e.key.same_workload_class(key)) continue;
+    const double d = std::abs(std::log2(double(key.tokens_per_rank) / e.key.tokens_per_rank));
+    const bool better = !best || d < best->distance ||
+                        (d == best->distance && e.key.tokens_per_rank < best->entry->key.tokens_per_rank);
+    if (better) best = Match{&e, d};
+  }
+  return best;
+}
+
+int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, double link_gbps, double per_block_gbps) {
+  COMET_CHECK(num_sms >= 2 && tflops > 0 && link_gbps > 0 && per_block_gbps > 0,
+              "analytic_n_comm: bad rates (SMs " << num_sms << ", " << tflops << " TFLOP/s, link " << link_gbps
+                                                 << " GB/s, " << per_block_gbps << " GB/s per block)");
+  int best = 1;
+  double best_time = INFINITY;
+  for (int n = 1; n <= num_sms / 2; ++n) {
+    const double t_gemm = flop / (tflops * 1e12 * double(num_sms - n) / num_sms);
+    const double t_comm = bytes / (std::min(link_gbps, n * per_block_gbps) * 1e9);
+    const double t = std::max(t_gemm, t_comm);
+    if (t < best_time * (1 - 1e-12)) {  // strictly better: the smallest n wins ties
+      best_time = t;
+      best = n;
+    }
+  }
+  return best;
+}
+
+NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const LayerConfig& config,
+                          const LayerCost& cost, const GpuSpec& gpu) {
+  NCommChoice choice;
+  if (table) {
+    if (const auto m = table->nearest(key); m && m->distance <= kMaxTuningDistance) {
+      choice.n_comm0 = m->entry->n_comm0;
+      choice.n_comm1 = m->entry->n_comm1;
+      std::ostringstream os;
+      os << "tuning table: entry for " << m->entry->key.tokens_per_rank << " tokens/rank (distance "
+         << m->distance << ")";
+      choice.source = os.str();
+      return choice;
+    }
+  }
+  // Layer0 carries the gate and up projections (2/3 of a gated FFN's FLOP, 1/2 otherwise) and
+  // the dispatch half of the link bytes; layer1 the rest and the combine half.
+  const double flop0_share = is_gated(config.model.activation) ? 2.0 / 3.0 : 0.5;
+  const int sms = key.num_sms > 0 ? key.num_sms : gpu.num_sms;
+  choice.n_comm0 = analytic_n_comm(cost.flops_max_rank * flop0_share, cost.link_bytes_max_rank / 2, sms,
+                                   gpu.bf16_tflops, gpu.link_gbps, gpu.copy_gbps_per_block);
+  choice.n_comm1 = analytic_n_comm(cost.flops_max_rank * (1 - flop0_share), cost.link_bytes_max_rank / 2, sms,
+                                   gpu.bf16_tflops, gpu.link_gbps, gpu.copy_gbps_per_block);
+  std::ostringstream os;
+  os << "cost model: no tuning entry within a factor of 2 in tokens for " << key.describe();
+  choice.source = os.str();
+  return choice;
+}
+
+}  // namespace comet

@@ -1,0 +1,84 @@
+// Tuning tables as JSON.
+#include "io/tuning_json.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace comet::io {
+
+namespace {
+const std::set<std::string> kEntryKeys = {"gpu", "num_sms", "hidden", "ffn", "experts", "topk", "world",
+                                          "ep", "tp", "tokens_per_rank", "n_comm0", "n_comm1", "latency_us"};
+}  // namespace
+
+std::string tuning_table_json(const TuningTable& table) {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const TuningEntry& e : table.entries()) {
+    const TuningKey& k = e.key;
+    entries.push_back({{"gpu", k.gpu}, {"num_sms", k.num_sms}, {"hidden", k.hidden}, {"ffn", k.ffn},
+                       {"experts", k.num_experts}, {"topk", k.topk}, {"world", k.world}, {"ep", k.ep}, {"tp", k.tp},
+                       {"tokens_per_rank", k.tokens_per_rank}, {"n_comm0", e.n_comm0}, {"n_comm1", e.n_comm1},
+                       {"latency_us", e.latency_us}});
+  }
+  return nlohmann::json{{"format", kTuningFormat}, {"entries", entries}}.dump(2) + "\n";
+}
+
+TuningTable parse_tuning_table(const std::string& text, const std::string& origin) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("tuning table " + origin + ": not JSON (" + e.what() + ")");
+  }
+  COMET_CHECK(j.is_object() && j.value("format", "") == kTuningFormat,
+              "tuning table " << origin << ": \"format\" must be \"" << kTuningFormat << "\"");
+  COMET_CHECK(j.contains("entries") && j["entries"].is_array(), "tuning table " << origin << ": no \"entries\" array");
+  TuningTable table;
+  int index = 0;
+  for (const nlohmann::json& e : j["entries"]) {
+    const std::string where = "tuning table " + origin + " entry " + std::to_string(index++);
+    COMET_CHECK(e.is_object(), where << ": not an object");
+    for (const auto& [key, value] : e.items()) {
+      (void)value;
+      COMET_CHECK(kEntryKeys.count(key), where << ": unknown key \"" << key << "\"");
+    }
+    auto integer = [&](const char* key) {
+      COMET_CHECK(e.contains(key) && e[key].is_number_integer(), where << ": \"" << key << "\" must be an integer");
+      return e[key].get<int>();
+    };
+    COMET_CHECK(e.contains("gpu") && e["gpu"].is_string(), where << ": \"gpu\" must be a string");
+    TuningEntry entry;
+    entry.key = {e["gpu"].get<std::string>(), integer("num_sms"), integer("hidden"), integer("ffn"),
+                 integer("experts"), integer("topk"), integer("world"), integer("ep"), integer("tp"),
+                 integer("tokens_per_rank")};
+    entry.n_comm0 = integer("n_comm0");
+    entry.n_comm1 = integer("n_comm1");
+    entry.latency_us = e.contains("latency_us") && e["latency_us"].is_number() ? e["latency_us"].get<double>() : 0.0;
+    try {
+      table.add(entry);
+    } catch (const Error& err) {
+      throw Error(where + ": " + err.what());
+    }
+  }
+  return table;
+}
+
+TuningTable load_tuning_table(const std::string& path) {
+  std::ifstream in(path);
+  COMET_CHECK(in.good(), "tuning table " << path << ": cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_tuning_table(ss.str(), path);
+}
+
+void save_tuning_table(const TuningTable& table, const std::string& path) {
+  std::ofstream out(path);
+  COMET_CHECK(out.good(), "tuning table " << path << ": cannot be written");
+  out << tuning_table_json(table);
+  COMET_CHECK(out.good(), "tuning table " << path << ": write failed");
+}
+
+}  // namespace comet::io

@@ -1,0 +1,24 @@
+// io/tuning_json.h: tuning tables on disk (tuning/*.json), written by `comet tune`.
+//
+// Format (one object; unknown keys are rejected so a typo cannot silently drop a setting):
+//   {"format": "comet-tuning-1",
+//    "entries": [{"gpu": "NVIDIA H200", "num_sms": 132, "hidden": 4096, "ffn": 14336,
+//                 "experts": 8, "topk": 2, "world": 8, "ep": 8, "tp": 1,
+//                 "tokens_per_rank": 4096, "n_comm0": 24, "n_comm1": 20, "latency_us": 1234.5}]}
+#pragma once
+
+#include <string>
+
+#include "comet/tuning.h"
+
+namespace comet::io {
+
+inline constexpr const char* kTuningFormat = "comet-tuning-1";
+
+std::string tuning_table_json(const TuningTable& table);
+// Throws comet::Error naming the file (or "<text>") and the bad field.
+TuningTable parse_tuning_table(const std::string& text, const std::string& origin = "<text>");
+TuningTable load_tuning_table(const std::string& path);
+void save_tuning_table(const TuningTable& table, const std::string& path);
+
+}  // namespace comet::io

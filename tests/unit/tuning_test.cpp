@@ -1,0 +1,114 @@
+// unit/tuning_test.cpp: tuning table lookup (exact workload class, nearest tokens, distance
+// limit, ties), the analytic n_comm fallback, and the JSON format.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "comet/tuning.h"
+#include "io/tuning_json.h"
+#include "support/test_support.h"
+
+namespace comet {
+namespace {
+
+using test::throws_with;
+
+LayerConfig mixtral_ep8() {
+  LayerConfig c;
+  c.model = ModelPresets::get("mixtral-8x7b");
+  c.layout = {8, 8, 1};
+  c.max_tokens_per_rank = 4096;
+  return c;
+}
+
+TuningTable table_with(std::initializer_list<std::tuple<int, int, int>> tokens_n0_n1) {
+  TuningTable t;
+  for (auto [tokens, n0, n1] : tokens_n0_n1)
+    t.add({tuning_key(mixtral_ep8(), "NVIDIA H200", 132, tokens), n0, n1, 100.0});
+  return t;
+}
+
+TEST(Tuning, NearestEntryByTokensWithinTheSameClass) {
+  const TuningTable t = table_with({{1024, 10, 11}, {4096, 20, 21}, {16384, 30, 31}});
+  const auto m = t.nearest(tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 5000));
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->entry->n_comm0, 20);
+  EXPECT_NEAR(m->distance, std::log2(5000.0 / 4096), 1e-12);
+  // Exactly between 4096 and 16384 (8192): the entry with fewer tokens wins.
+  const auto tie = t.nearest(tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 8192));
+  ASSERT_TRUE(tie);
+  EXPECT_EQ(tie->entry->key.tokens_per_rank, 4096);
+}
+
+TEST(Tuning, OtherGpuShapeOrLayoutNeverMatches) {
+  const TuningTable t = table_with({{4096, 20, 21}});
+  EXPECT_FALSE(t.nearest(tuning_key(mixtral_ep8(), "NVIDIA H100", 132, 4096)));
+  EXPECT_FALSE(t.nearest(tuning_key(mixtral_ep8(), "NVIDIA H200", 114, 4096)));
+  LayerConfig other = mixtral_ep8();
+  other.layout = {8, 4, 2};
+  EXPECT_FALSE(t.nearest(tuning_key(other, "NVIDIA H200", 132, 4096)));
+  other = mixtral_ep8();
+  other.model.topk = 1;
+  EXPECT_FALSE(t.nearest(tuning_key(other, "NVIDIA H200", 132, 4096)));
+}
+
+TEST(Tuning, AddReplacesAnEqualKey) {
+  TuningTable t = table_with({{4096, 20, 21}});
+  t.add({tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096), 24, 25, 90.0});
+  ASSERT_EQ(t.entries().size(), 1u);
+  EXPECT_EQ(t.entries()[0].n_comm0, 24);
+  EXPECT_THROW(t.add({tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 0), 1, 1, 0}), Error);
+}
+
+TEST(Tuning, ChooseUsesTheTableWhenNearAndTheCostModelOtherwise) {
+  const TuningTable t = table_with({{4096, 20, 21}});
+  const LayerConfig c = mixtral_ep8();
+  LayerCost cost;
+  cost.flops_max_rank = 2e12;
+  cost.link_bytes_max_rank = 4e8;
+  const GpuSpec& h200 = gpu_spec("H200");
+  NCommChoice near = choose_n_comm(&t, tuning_key(c, "NVIDIA H200", 132, 6000), c, cost, h200);
+  EXPECT_EQ(near.n_comm0, 20);
+  EXPECT_EQ(near.n_comm1, 21);
+  EXPECT_NE(near.source.find("tuning table"), std::string::npos) << near.source;
+  // 9000 tokens is more than a factor of 2 from 4096: fallback, and the source says why.
+  NCommChoice far = choose_n_comm(&t, tuning_key(c, "NVIDIA H200", 132, 9000), c, cost, h200);
+  EXPECT_NE(far.source.find("cost model"), std::string::npos) << far.source;
+  EXPECT_GE(far.n_comm0, 1);
+  EXPECT_LE(far.n_comm0, 66);
+  NCommChoice none = choose_n_comm(nullptr, tuning_key(c, "NVIDIA H200", 132, 4096), c, cost, h200);
+  EXPECT_EQ(none.n_comm0, far.n_comm0);
+  EXPECT_NE(none.source.find("cost model"), std::string::npos);
+}
+
+TEST(Tuning, AnalyticNCommBalancesGemmAndCopies) {
+  // More bytes per FLOP needs more communication blocks; the answer stays in [1, SMs/2].
+  const int few = analytic_n_comm(1e12, 1e7, 132, 785, 450, 14);
+  const int many = analytic_n_comm(1e12, 1e9, 132, 785, 450, 14);
+  EXPECT_GE(few, 1);
+  EXPECT_LT(few, many);
+  EXPECT_LE(many, 66);
+  // No communication at all: one block (the smallest n of the ties).
+  EXPECT_EQ(analytic_n_comm(1e12, 0, 132, 785, 450, 14), 1);
+  // Saturating the link needs 450 / 14 = 33 blocks; more never helps.
+  EXPECT_LE(analytic_n_comm(1e6, 1e12, 132, 785, 450, 14), 33);
+  EXPECT_THROW(analytic_n_comm(1, 1, 1, 785, 450, 14), Error);
+}
+
+TEST(TuningJson, RoundTripAndClearErrors) {
+  const TuningTable t = table_with({{1024, 10, 11}, {4096, 20, 21}});
+  const TuningTable back = io::parse_tuning_table(io::tuning_table_json(t));
+  ASSERT_EQ(back.entries().size(), 2u);
+  EXPECT_EQ(back.entries()[1].key.describe(), t.entries()[1].key.describe());
+  EXPECT_EQ(back.entries()[1].n_comm1, 21);
+  EXPECT_TRUE(throws_with<Error>([] { io::parse_tuning_table("{", "x.json"); }, {"x.json", "not JSON"}));
+  EXPECT_TRUE(throws_with<Error>([] { io::parse_tuning_table(R"({"format":"v0","entries":[]})", "x.json"); },
+                                 {"format"}));
+  std::string typo = io::tuning_table_json(t);
+  typo.replace(typo.find("\"n_comm0\""), 9, "\"n_comm_0\"");
+  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(typo, "t.json"); }, {"t.json", "entry 0", "n_comm_0"}));
+  EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/nonexistent/t.json"); }, {"cannot be read"}));
+}
+
+}  // namespace
+}  // namespace comet
