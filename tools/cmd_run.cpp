@@ -23,6 +23,7 @@
 #include "comet/plan.h"
 #include "comet/problem.h"
 #include "ref/oracle.h"
+#include "io/trace_writers.h"
 #include "ref/ref_backend.h"
 #ifdef COMET_HAVE_CUDA
 #include "comet/layer.h"
@@ -56,6 +57,7 @@ struct RunResult {
   std::string backend = "cpu";  // what ran: "cpu" or "cuda"
   std::string device;           // the GPU that ran it (cuda)
   int64_t saved_tensors = 0;
+  int64_t trace_events = 0;
   int64_t saved_bytes = 0;
 };
 
@@ -191,6 +193,9 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
              r.gpu.c_str(), full.model.name.c_str(), tokens_text(r.full.tokens_per_rank).c_str(),
              full.layout.ep, full.layout.tp, lc.t_compute_us, lc.t_comm_us, lc.t_weights_us,
              lc.lower_bound_us, lc.bound_by.c_str());
+  if (!o.trace.empty())
+    os << "trace: " << o.trace << " and its .svg (" << r.trace_events << " events; lanes: " << o.comm_workers
+       << " comm + " << o.compute_workers << " compute workers per rank and layer)\n";
   if (!o.save.empty())
     os << "saved: " << o.save << " (" << r.saved_tensors << " tensors, "
        << format_bytes(double(r.saved_bytes)) << ")\n";
@@ -241,6 +246,7 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
                       {"t_weights_us", lc.t_weights_us},
                       {"lower_bound_us", lc.lower_bound_us},
                       {"bound_by", lc.bound_by}};
+  if (!o.trace.empty()) j["trace"] = {{"path", o.trace}, {"events", r.trace_events}};
   if (!o.save.empty()) {
     j["saved"] = {{"path", o.save}, {"tensors", r.saved_tensors}, {"bytes", r.saved_bytes}};
   } else {
@@ -273,6 +279,8 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "(default: the library's budget)")
       ->group("Backend");
   cmd->add_option("--gpu", o.gpu, "GPU of the full-size lower bound")->capture_default_str()->group("Output");
+  cmd->add_option("--trace", o.trace, "record a timeline: FILE.json (Chrome/Perfetto) and FILE.svg (CPU backend)")
+      ->group("Output");
   cmd->add_option("--save", o.save, "write inputs, weights and outputs to FILE.safetensors")
       ->group("Output");
   cmd->add_flag("--json", o.json, "print one JSON object instead of the text report")->group("Output");
@@ -315,6 +323,15 @@ int run_command(const RunOptions& o) {
     }
     if (!known) throw UsageError("--gpu: unknown GPU \"" + o.gpu + "\" (known: " + names + ")");
     r.gpu = o.gpu;
+  }
+  if (!o.trace.empty()) {
+    const auto dir = std::filesystem::path(o.trace).parent_path();
+    if (!dir.empty() && !std::filesystem::is_directory(dir))
+      throw UsageError("--trace: directory \"" + dir.string() + "\" does not exist");
+    if (r.backend == "cuda") {
+      if (o.backend == "cuda") throw UsageError("--trace records the CPU backend only so far; use --backend cpu");
+      r.backend = "cpu";  // auto: the timeline is recorded by the CPU backend
+    }
   }
   const std::string& save = o.save;
   if (!save.empty()) {
@@ -387,6 +404,7 @@ int run_command(const RunOptions& o) {
   ro.compute_workers = o.compute_workers;
   ro.comm_chunk_tokens = o.chunk_tokens;
   ro.timeout = std::chrono::milliseconds(o.timeout_ms);
+  ro.trace = !o.trace.empty();
   auto t0 = std::chrono::steady_clock::now();
 #ifdef COMET_HAVE_CUDA
   if (r.backend == "cuda") {
@@ -402,6 +420,13 @@ int run_command(const RunOptions& o) {
     r.y = backend.forward(problem.x, problem.routing);
     r.forward_us = elapsed_us(t0);
     r.stats = backend.last_stats();
+    if (ro.trace) {
+      Trace trace = backend.last_trace();
+      trace.title = "comet run: " + config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed) +
+                    " (CPU backend, scaled)";
+      r.trace_events = int64_t(trace.events.size());
+      io::write_trace_files(trace, o.trace);
+    }
   }
   t0 = std::chrono::steady_clock::now();
   r.want = ref::oracle_forward(problem);

@@ -28,6 +28,7 @@ struct RunOptions {
   double cpu_budget_gflop = 0;    // CPU work of one forward before scaling; 0: the library's
   std::string gpu = "H200";       // the GPU the full-size lower bound is computed for
   std::string save;
+  std::string trace;  // Chrome trace JSON path; an SVG timeline is written beside it
   bool json = false;
 };
 CLI::App* add_run_command(CLI::App& app, RunOptions& options);

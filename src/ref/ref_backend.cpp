@@ -19,6 +19,7 @@
 // when no worker runs.
 #include "ref/ref_backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -26,6 +27,7 @@
 #include <sstream>
 #include <system_error>
 #include <thread>
+#include <tuple>
 
 #include "comet/workspace.h"
 #include "core/activation.h"
@@ -91,12 +93,39 @@ struct CallContext {
   std::atomic<bool> abort{false};
   FailureLog log{&abort};
   WaitPolicy policy;
+  bool trace = false;
+  std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+  std::mutex trace_mutex;
+  std::vector<TraceEvent> events;
   std::atomic<int64_t> rows_landed{0};
   std::atomic<int64_t> tiles_waited{0};
   std::atomic<int64_t> partial_rows_sent{0};
   void stop_if_aborted() const {
     if (abort.load()) throw Aborted{};
   }
+};
+
+// Events of one worker, kept locally and merged into the call's list when the worker ends.
+class Recorder {
+ public:
+  Recorder(CallContext& ctx, int rank, int layer, int lane) : ctx_(ctx), rank_(rank), layer_(layer), lane_(lane) {}
+  ~Recorder() {
+    if (local_.empty()) return;
+    std::lock_guard<std::mutex> lock(ctx_.trace_mutex);
+    ctx_.events.insert(ctx_.events.end(), local_.begin(), local_.end());
+  }
+  int64_t now() const {
+    if (!ctx_.trace) return 0;
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - ctx_.origin).count();
+  }
+  void add(TraceKind kind, int id, int64_t begin, int64_t end) {
+    if (ctx_.trace) local_.push_back({rank_, layer_, lane_, kind, id, begin, end});
+  }
+
+ private:
+  CallContext& ctx_;
+  int rank_, layer_, lane_;
+  std::vector<TraceEvent> local_;
 };
 
 // What a rank has consumed from each of its signals in earlier calls.
@@ -115,6 +144,7 @@ class ImplBase {
                                                   const std::vector<Routing>& routing) = 0;
   virtual void set_options(const RefOptions& options) = 0;
   ForwardStats stats;
+  Trace trace;
 };
 
 template <class T>
@@ -284,6 +314,7 @@ std::vector<std::vector<float>> TypedImpl<T>::forward(const std::vector<std::vec
   check_inputs(x, routing);
   const int W = config_.layout.world;
   CallContext ctx;
+  ctx.trace = options_.trace;
   ctx.policy.timeout = options_.timeout;
   ctx.policy.abort = &ctx.abort;
   std::vector<std::vector<float>> y(W);
@@ -293,6 +324,10 @@ std::vector<std::vector<float>> TypedImpl<T>::forward(const std::vector<std::vec
     std::rethrow_exception(error);
   }
   stats = {ctx.rows_landed.load(), ctx.tiles_waited.load(), ctx.partial_rows_sent.load()};
+  trace = Trace{"", W, options_.comm_workers, options_.compute_workers, std::move(ctx.events)};
+  std::sort(trace.events.begin(), trace.events.end(), [](const TraceEvent& a, const TraceEvent& b) {
+    return std::tie(a.rank, a.layer, a.lane, a.begin_ns) < std::tie(b.rank, b.layer, b.lane, b.begin_ns);
+  });
   return y;
 }
 
@@ -362,10 +397,12 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
   const float* wg = gated ? w_gate_[r].data() : nullptr;
   const float* wu = w_up_[r].data();
 
-  auto comm_worker = [&](int) {
+  auto comm_worker = [&](int worker) {
     if (stalled(r, StallStage::kLayer0Comm)) return;
+    Recorder rec(ctx, r, 0, worker);
     std::vector<int> rows, landed(num_tiles, 0), touched;
     for (int c; (c = next_chunk.fetch_add(1)) < int(chunks.size());) {
+      const int64_t begin = rec.now();
       const CommChunk& chunk = chunks[c];
       const T* peer_x = view(chunk.peer).x;  // pull: read the owner's row once
       const int* tokens = plan.send_tokens(chunk.peer, r);
@@ -385,14 +422,17 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
       }
       touched.clear();
       ctx.rows_landed += copied;
+      rec.add(TraceKind::kCommChunk, c, begin, rec.now());
     }
   };
 
   auto compute_worker = [&](int worker) {
+    Recorder rec(ctx, r, 0, options_.comm_workers + worker);
     std::vector<float> a(H), acc_g(bn), acc_u(bn);
     for (int i; (i = next_item.fetch_add(1)) < num_items;) {
       const int m = s.order[i / s.num_n_blocks];
       const MTile& tile = s.m_tiles[m];
+      const int64_t wait_begin = rec.now();
       if (wait_at_least(&v.tile_arrivals[m], base[m] + tile.rows(), ctx.policy,
                         who(r, "layer0 compute worker", worker), [&] {
                           std::ostringstream os;
@@ -401,8 +441,11 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
                              << "), fed by ranks " << plan.ring_src(r, tile.first_source_pos) << ".."
                              << plan.ring_src(r, tile.last_source_pos) << " in ring order)";
                           return os.str();
-                        }))
+                        })) {
         ++ctx.tiles_waited;
+        rec.add(TraceKind::kWait, m, wait_begin, rec.now());
+      }
+      const int64_t begin = rec.now();
       const int c0 = (i % s.num_n_blocks) * bn, nc = std::min<int>(bn, int(Fl) - c0);
       const size_t wofs = size_t(tile.expert_local) * H * Fl + c0;
       for (int row = tile.row_begin; row < tile.row_end; ++row) {
@@ -421,6 +464,7 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
         for (int c = 0; c < nc; ++c)
           out[c] = T::from_float(core::apply_activation(config_.model.activation, acc_g[c], acc_u[c]));
       }
+      rec.add(TraceKind::kGemmTile, i, begin, rec.now());
     }
   };
 
@@ -445,9 +489,11 @@ void TypedImpl<T>::run_layer1(int r, const DispatchPlan& plan, const std::vector
   const int num_comm_items = NB * int(chunks.size());
   const float* wd = w_down_[r].data();
 
-  auto compute_worker = [&](int) {
+  auto compute_worker = [&](int worker) {
+    Recorder rec(ctx, r, 1, options_.comm_workers + worker);
     std::vector<float> acc(bn);
     for (int i; (i = next_tile.fetch_add(1)) < s.num_tiles();) {  // < 2^31 (LayerConfig::validate)
+      const int64_t begin = rec.now();
       const int j = i / num_tiles;  // column-block-major
       const MTile& tile = s.m_tiles[i % num_tiles];
       const int c0 = j * bn, nc = std::min<int>(bn, int(H) - c0);
@@ -463,24 +509,29 @@ void TypedImpl<T>::run_layer1(int r, const DispatchPlan& plan, const std::vector
         for (int c = 0; c < nc; ++c) out[c] = T::from_float(acc[c]);
       }
       signal_add(&v.col_done[j], 1);
+      rec.add(TraceKind::kGemmTile, i, begin, rec.now());
     }
   };
 
   auto comm_worker = [&](int worker) {
     if (stalled(r, StallStage::kLayer1Comm)) return;
+    Recorder rec(ctx, r, 1, worker);
     std::vector<int> rows;
     std::vector<float> acc(bn);
     for (int i; (i = next_comm.fetch_add(1)) < num_comm_items;) {
       const int j = i / int(chunks.size());
       const CommChunk& chunk = chunks[i % chunks.size()];
       const int c0 = j * bn, nc = std::min<int>(bn, int(H) - c0);
-      wait_at_least(&v.col_done[j], base[j] + uint64_t(num_tiles), ctx.policy,
+      const int64_t wait_begin = rec.now();
+      if (wait_at_least(&v.col_done[j], base[j] + uint64_t(num_tiles), ctx.policy,
                     who(r, "layer1 comm worker", worker), [&] {
                       std::ostringstream os;
                       os << "col_done[" << j << "] (layer1 column block " << j << ": H columns [" << c0
                          << ", " << c0 + nc << ") of all " << num_tiles << " M tiles)";
                       return os.str();
-                    });
+                    }))
+        rec.add(TraceKind::kWait, j, wait_begin, rec.now());
+      const int64_t begin = rec.now();
       const int owner = chunk.peer;
       RankView ov = view(owner);
       const int* tokens = plan.send_tokens(owner, r);
@@ -499,6 +550,7 @@ void TypedImpl<T>::run_layer1(int r, const DispatchPlan& plan, const std::vector
       }
       signal_add(&ov.combine_arr[r], uint64_t(chunk.pos_end - chunk.pos_begin));
       ctx.partial_rows_sent += chunk.pos_end - chunk.pos_begin;
+      rec.add(TraceKind::kCommChunk, i, begin, rec.now());
     }
   };
 
@@ -515,6 +567,8 @@ void TypedImpl<T>::owner_reduce(int r, const DispatchPlan& plan, CallContext& ct
   const size_t H = config_.model.hidden, Tm = config_.max_tokens_per_rank;
   RankView v = view(r);
   std::vector<uint64_t>& base = epochs_[r].combine_base;
+  Recorder rec(ctx, r, 2, 0);
+  const int64_t wait_begin = rec.now();
   for (int p = 0; p < W; ++p) {
     const int64_t expected = combine_arrivals_expected(plan, r, p, NB);
     wait_at_least(&v.combine_arr[p], base[p] + uint64_t(expected), ctx.policy, who(r, "combine"), [&] {
@@ -524,6 +578,8 @@ void TypedImpl<T>::owner_reduce(int r, const DispatchPlan& plan, CallContext& ct
       return os.str();
     });
   }
+  rec.add(TraceKind::kWait, 0, wait_begin, rec.now());
+  const int64_t begin = rec.now();
   // Fixed rank order 0..W-1: the result does not depend on arrival order.
   std::vector<float> acc(H);
   for (int t = 0; t < plan.num_tokens(r); ++t) {
@@ -537,6 +593,7 @@ void TypedImpl<T>::owner_reduce(int r, const DispatchPlan& plan, CallContext& ct
     for (size_t c = 0; c < H; ++c) v.y[size_t(t) * H + c] = T::from_float(acc[c]);
   }
   for (int p = 0; p < W; ++p) base[p] += uint64_t(combine_arrivals_expected(plan, r, p, NB));
+  rec.add(TraceKind::kReduce, 0, begin, rec.now());
 }
 
 }  // namespace
@@ -568,6 +625,7 @@ std::vector<std::vector<float>> RefBackend::forward(const std::vector<std::vecto
 void RefBackend::set_options(const RefOptions& options) { impl_->typed->set_options(options); }
 
 const ForwardStats& RefBackend::last_stats() const { return impl_->typed->stats; }
+const Trace& RefBackend::last_trace() const { return impl_->typed->trace; }
 const LayerConfig& RefBackend::config() const { return impl_->config; }
 
 }  // namespace comet::ref

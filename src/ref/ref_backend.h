@@ -15,6 +15,7 @@
 
 #include "comet/plan.h"
 #include "comet/problem.h"
+#include "comet/trace.h"
 
 namespace comet::ref {
 
@@ -26,6 +27,7 @@ struct RefOptions {
   int comm_chunk_tokens = 16;
   std::chrono::milliseconds timeout{5000};  // every wait
   bool check_inputs = true;                  // report NaN/Inf in x before running
+  bool trace = false;                        // record a timeline (last_trace()); off: no cost
   // Fault injection for tests: the comm workers of stall_rank do nothing at stall_stage.
   int stall_rank = -1;
   StallStage stall_stage = StallStage::kNone;
@@ -58,6 +60,9 @@ class RefBackend {
   void set_options(const RefOptions& options);
 
   const ForwardStats& last_stats() const;
+  // Events of the last forward when RefOptions::trace was on (comet/trace.h): lanes are the
+  // workers of each layer launch, comm workers first.
+  const Trace& last_trace() const;
   const LayerConfig& config() const;
 
  private:

@@ -1,0 +1,102 @@
+// ref/trace_test.cpp: the CPU backend's timeline (RefOptions::trace) and its writers: one
+// event per GEMM tile and communication chunk, valid times and lanes, nothing when off; the
+// Chrome trace is JSON with every event, the SVG draws every event.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "io/trace_writers.h"
+#include "ref_cases.h"
+
+namespace comet {
+namespace {
+
+TEST(Trace, OneEventPerTileAndChunkWithValidTimesAndLanes) {
+  test::RefCase c;
+  c.model = {"trace", 32, 48, 8, 2, Activation::kSwiGlu};
+  c.world = 4, c.tp = 2, c.ep = 2;
+  c.t_max = 40;
+  c.tokens = {40, 7, 0, 33};
+  c.tiles = {8, 16, 16};
+  c.seed = 3;
+  c.options.comm_chunk_tokens = 4;
+  const MoeProblem p = c.problem();
+  ref::RefOptions o = c.options;
+  o.trace = true;
+  ref::RefBackend backend(c.config(), o);
+  backend.set_weights(p.weights);
+  backend.forward(p.x, p.routing);
+  const Trace& t = backend.last_trace();
+  ASSERT_EQ(t.world, 4);
+  EXPECT_EQ(t.comm_lanes, o.comm_workers);
+  EXPECT_EQ(t.compute_lanes, o.compute_workers);
+
+  // Expected counts from the same plan and schedules the backend ran.
+  const LayerConfig cfg = c.config();
+  const DispatchPlan plan(cfg, p.routing);
+  int64_t gemm0 = 0, gemm1 = 0, chunks0 = 0, chunks1 = 0;
+  for (int r = 0; r < 4; ++r) {
+    const Layer0Schedule s0 = build_layer0_schedule(cfg, plan, r);
+    gemm0 += int64_t(s0.m_tiles.size()) * s0.num_n_blocks;
+    gemm1 += build_layer1_schedule(cfg, plan, r).num_tiles();
+    chunks0 += int64_t(build_layer0_comm_chunks(plan, r, o.comm_chunk_tokens).size());
+    chunks1 += int64_t(build_layer1_comm_chunks(plan, r, o.comm_chunk_tokens).size()) * cfg.num_col_blocks1();
+  }
+  int64_t got[3][4] = {};
+  for (const TraceEvent& e : t.events) {
+    ASSERT_GE(e.begin_ns, 0);
+    ASSERT_LE(e.begin_ns, e.end_ns);
+    ASSERT_GE(e.rank, 0);
+    ASSERT_LT(e.rank, 4);
+    ASSERT_GE(e.layer, 0);
+    ASSERT_LE(e.layer, 2);
+    if (e.kind == TraceKind::kCommChunk) {
+      EXPECT_LT(e.lane, t.comm_lanes);
+    }
+    if (e.kind == TraceKind::kGemmTile) {
+      EXPECT_GE(e.lane, t.comm_lanes);
+    }
+    ++got[e.layer][int(e.kind)];
+  }
+  EXPECT_EQ(got[0][int(TraceKind::kGemmTile)], gemm0);
+  EXPECT_EQ(got[1][int(TraceKind::kGemmTile)], gemm1);
+  EXPECT_EQ(got[0][int(TraceKind::kCommChunk)], chunks0);
+  EXPECT_EQ(got[1][int(TraceKind::kCommChunk)], chunks1);
+  EXPECT_EQ(got[2][int(TraceKind::kReduce)], 4);
+
+  // Writers: every event in the JSON, every event drawn in the SVG.
+  const nlohmann::json j = nlohmann::json::parse(io::chrome_trace_json(t));
+  int64_t complete = 0;
+  for (const auto& ev : j["traceEvents"]) complete += ev["ph"] == "X";
+  EXPECT_EQ(complete, int64_t(t.events.size()));
+  const std::string svg = io::timeline_svg(t);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  size_t rects = 0;
+  for (size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1)) ++rects;
+  EXPECT_EQ(rects, t.events.size() + 1 + 4 + 4);  // + background, legend, one lane box per rank
+
+  // No trace: no events.
+  o.trace = false;
+  backend.set_options(o);
+  backend.forward(p.x, p.routing);
+  EXPECT_TRUE(backend.last_trace().events.empty());
+}
+
+TEST(Trace, WriteTraceFilesWritesJsonAndSvg) {
+  Trace t{"t", 1, 1, 1, {{0, 0, 0, TraceKind::kCommChunk, 0, 0, 10}, {0, 0, 1, TraceKind::kGemmTile, 0, 5, 20}}};
+  const std::string base = ::testing::TempDir() + "comet_trace_test";
+  io::write_trace_files(t, base + ".json");
+  std::ifstream json(base + ".json"), svg(base + ".svg");
+  ASSERT_TRUE(json.good());
+  ASSERT_TRUE(svg.good());
+  std::stringstream ss;
+  ss << svg.rdbuf();
+  EXPECT_NE(ss.str().find("</svg>"), std::string::npos);
+  EXPECT_THROW(io::write_trace_files(t, "/nonexistent/dir/t.json"), Error);
+}
+
+}  // namespace
+}  // namespace comet
