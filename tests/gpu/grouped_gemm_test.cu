@@ -245,7 +245,10 @@ TEST_P(GroupedGemmPresetTest, MatchesReferenceForBothLayers) {
   COMET_REQUIRE_GPU();
   const ModelShape& m = ModelPresets::get(GetParam());
   const int tokens = 512 / m.topk;  // about 512 rows per rank: the naive reference stays quick
-  const std::vector<int> rows = preset_rows(m, tokens, 11);
+  std::vector<int> rows = preset_rows(m, tokens, 11);
+  // At most 8 experts: each keeps the preset's H x F shape, and generating 32 experts' weights on
+  // the host cost about 100 s of device-machine time per run.
+  if (rows.size() > 8) rows.resize(8);
   for (GemmKernel kernel : kKernels)
   for (auto [epilogue, k, n] : {std::tuple{GemmEpilogue::kSwiGlu, m.hidden, m.ffn},
                                 std::tuple{GemmEpilogue::kIdentity, m.ffn, m.hidden}}) {
