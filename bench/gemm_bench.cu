@@ -13,6 +13,7 @@
 #include "comet/config.h"
 #include "comet/routing.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/random_fill.h"
 
 namespace comet::bench {
 
@@ -37,11 +38,6 @@ __device__ __forceinline__ float hash_value(uint64_t stream, uint64_t index, flo
   return (float(z >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f) * scale;
 }
 
-__global__ void fill_kernel(__nv_bfloat16* out, size_t n, uint64_t stream, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16(hash_value(stream, i, scale));
-}
-
 // Logical gate/up weight (e, col, k) in the [E][2F][H] concat layout cuBLAS uses (gate rows
 // [0,F), up rows [F,2F)) and in our packed layout (grouped_gemm.h), from the same hash.
 __global__ void fill_w0_kernel(__nv_bfloat16* concat, __nv_bfloat16* packed, int num_experts, int f, int h,
@@ -62,10 +58,7 @@ __global__ void fill_w0_kernel(__nv_bfloat16* concat, __nv_bfloat16* packed, int
   }
 }
 
-void fill(__nv_bfloat16* p, size_t n, uint64_t stream, float scale) {
-  fill_kernel<<<1024, 256>>>(p, n, stream, scale);
-  COMET_CUDA_CHECK_LAUNCH();
-}
+void fill(__nv_bfloat16* p, size_t n, uint64_t stream, float scale) { cuda::fill_uniform_bf16(p, n, stream, scale); }
 
 std::vector<int> rank0_rows(const ModelShape& m, int ep, int tokens, uint64_t seed) {
   const int epr = m.num_experts / ep;

@@ -13,12 +13,13 @@
 
 #ifdef COMET_HAVE_CUDA
 #include "bench/gemm_bench.h"
+#include "bench/layer_bench.h"
 #include "cuda/device_info.h"
 #endif
 
 namespace comet::tools {
 
-CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm) {
+CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, BenchLayerOptions& lo, CLI::App** layer) {
   CLI::App* bench = app.add_subcommand("bench", "benchmarks on the GPU (same-run baselines)");
   bench->require_subcommand(1);
   CLI::App* g = bench->add_subcommand("gemm", "grouped expert GEMMs (GEMM0+SwiGLU, GEMM1) vs cuBLAS");
@@ -30,25 +31,78 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm) {
   g->add_option("--seed", o.seed, "routing seed");
   g->add_flag("--json", o.json, "JSON instead of the table");
   *gemm = g;
+  CLI::App* l = bench->add_subcommand("layer", "the MoE layer on one GPU: fused, unfused, compute-only, comm-only");
+  l->add_option("--models", lo.models, "presets, comma separated (default: all)")->delimiter(',');
+  l->add_option("--tokens", lo.tokens, "tokens per rank, comma separated")->delimiter(',');
+  l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
+  l->add_option("--tp", lo.tp, "tensor-parallel ranks")->check(CLI::PositiveNumber);
+  l->add_option("--n-comm0", lo.n_comm0, "layer0 communication blocks (0: tuning table or cost model)")
+      ->check(CLI::NonNegativeNumber);
+  l->add_option("--n-comm1", lo.n_comm1, "layer1 communication blocks (0: tuning table or cost model)")
+      ->check(CLI::NonNegativeNumber);
+  l->add_option("--iters", lo.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
+  l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(CLI::NonNegativeNumber);
+  l->add_option("--seed", lo.seed, "weights, tokens and routing seed");
+  l->add_flag("--json", lo.json, "JSON instead of the table");
+  *layer = l;
   return bench;
 }
 
-int bench_gemm_command(const BenchOptions& o) {
-  for (const auto& m : o.models) {  // unknown names fail before the GPU starts
+namespace {
+// Model names and token counts are checked before the GPU starts; then the GPU itself.
+void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens) {
+  for (const auto& m : models) {
     try {
       ModelPresets::get(m);
     } catch (const Error& e) {
       throw UsageError(std::string("--models: ") + e.what());
     }
   }
-  for (int t : o.tokens)
-    if (t < 1) throw UsageError("--tokens: every count must be >= 1");
+  for (int t : tokens)
+    if (t < 1 || t > kMaxTokensPerRank)
+      throw UsageError("--tokens: every count must be within [1, " + std::to_string(kMaxTokensPerRank) + "]");
 #ifndef COMET_HAVE_CUDA
   throw UsageError("comet bench needs the CUDA backend; this build has none (nvcc was not found)");
 #else
   const cuda::DeviceInfo info = cuda::query_device_info();
   if (info.device_count == 0)
     throw UsageError("comet bench needs a GPU; none is visible" + (info.error.empty() ? "" : " (" + info.error + ")"));
+#endif
+}
+}  // namespace
+
+int bench_layer_command(const BenchLayerOptions& o) {
+  check_bench_inputs(o.models, o.tokens);
+#ifdef COMET_HAVE_CUDA
+  bench::LayerBenchOptions lo;
+  lo.models = o.models;
+  lo.tokens = o.tokens;
+  lo.ep = o.ep;
+  lo.tp = o.tp;
+  lo.n_comm0 = o.n_comm0;
+  lo.n_comm1 = o.n_comm1;
+  lo.iters = o.iters;
+  lo.warmup_ms = o.warmup_ms;
+  lo.seed = o.seed;
+  const cuda::DeviceInfo info = cuda::query_device_info();
+  std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP "
+            << o.ep << " x TP " << o.tp << " virtual ranks (loopback fabric), full-size presets, uniform routing, "
+            << "median of " << o.iters << " interleaved runs\n";
+  const auto rows = bench::run_layer_bench(lo, [](int done, int total, const std::string& what) {
+    std::cerr << "[" << done << "/" << total << "] " << what << "\n";
+  });
+  if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
+  else bench::print_layer_table(rows, std::cout);
+  for (const auto& r : rows)
+    if (!r.fused_equals_unfused) return kExitVerifyFailed;
+#endif
+  return 0;
+}
+
+int bench_gemm_command(const BenchOptions& o) {
+  check_bench_inputs(o.models, o.tokens);
+#ifdef COMET_HAVE_CUDA
+  const cuda::DeviceInfo info = cuda::query_device_info();
   bench::GemmBenchOptions bo;
   bo.models = o.models;
   bo.tokens = o.tokens;
@@ -66,8 +120,8 @@ int bench_gemm_command(const BenchOptions& o) {
   else bench::print_gemm_table(rows, std::cout);
   for (const auto& r : rows)
     if (!r.verified) return kExitVerifyFailed;
-  return 0;
 #endif
+  return 0;
 }
 
 }  // namespace comet::tools

@@ -3,6 +3,7 @@
 //   comet run  --model mixtral-8x7b --ep 8          (one verified MoE layer forward)
 //   comet plan --model deepseek-v3 --ep 8 --rank 0  (dispatch plan and tile schedules)
 //   comet bench gemm --models mixtral-8x7b          (grouped GEMM vs cuBLAS, needs a GPU)
+//   comet bench layer --models mixtral-8x7b         (fused vs unfused vs compute-only, needs a GPU)
 //   comet run --help                                (every option of a subcommand)
 //
 // Every failure ends here as exactly one line `comet: error: <reason>` on stderr and an exit
@@ -42,8 +43,10 @@ int main(int argc, char** argv) {
   CLI::App* run_cmd = add_run_command(app, run_options);
   CLI::App* plan_cmd = add_plan_command(app, plan_options);
   BenchOptions bench_options;
+  BenchLayerOptions bench_layer_options;
   CLI::App* bench_gemm_cmd = nullptr;
-  add_bench_command(app, bench_options, &bench_gemm_cmd);
+  CLI::App* bench_layer_cmd = nullptr;
+  add_bench_command(app, bench_options, &bench_gemm_cmd, bench_layer_options, &bench_layer_cmd);
 
   try {
     app.parse(argc, argv);
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
     if (run_cmd->parsed()) return run_command(run_options);
     if (plan_cmd->parsed()) return plan_command(plan_options);
     if (bench_gemm_cmd->parsed()) return bench_gemm_command(bench_options);
+    if (bench_layer_cmd->parsed()) return bench_layer_command(bench_layer_options);
     return fail(kExitUsage, "no subcommand (see comet --help)");
   } catch (const UsageError& e) {
     return fail(kExitUsage, e.what());

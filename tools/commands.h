@@ -55,7 +55,20 @@ struct BenchOptions {
   uint64_t seed = 1;
   bool json = false;
 };
-CLI::App* add_bench_command(CLI::App& app, BenchOptions& options, CLI::App** gemm);
+// comet bench layer: the MoE layer at full size on one GPU, W virtual ranks (bench/layer_bench.h).
+struct BenchLayerOptions {
+  std::vector<std::string> models;
+  std::vector<int> tokens{1024, 4096, 8192};
+  int ep = 8, tp = 1;
+  int n_comm0 = 0, n_comm1 = 0;
+  int iters = 20;
+  double warmup_ms = 300;
+  uint64_t seed = 1;
+  bool json = false;
+};
+CLI::App* add_bench_command(CLI::App& app, BenchOptions& options, CLI::App** gemm, BenchLayerOptions& layer_options,
+                            CLI::App** layer);
 int bench_gemm_command(const BenchOptions& options);
+int bench_layer_command(const BenchLayerOptions& options);
 
 }  // namespace comet::tools

@@ -73,6 +73,15 @@ class MoeLayer {
   // The n_comm the fused kernels use, and where they come from ("options", "tuning table: ...",
   // "cost model: ..."). Tokens per rank are taken as T_max: the host never reads the live count.
   NCommChoice n_comm() const;
+
+  // Benchmarks only. Deterministic pseudo-random weights (uniform, scale 1/sqrt(fan-in)) written
+  // on the device: full-size presets have more weights than fit in host fp32.
+  void set_random_weights(uint64_t seed);
+  // Benchmarks only: one part of the unfused pipeline on every rank, on the plans and buffers of
+  // the last forward() (call it once first). kGemms: the two grouped GEMMs (the compute-only
+  // time); kCommunication: the dispatch and combine copy kernels (the communication-only time).
+  enum class Part { kGemms, kCommunication };
+  void run_part(Part part, CUstream_st* stream);
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
   // Waits for `stream`, then throws comet::Error describing the first recorded device error.
   void check(CUstream_st* stream);

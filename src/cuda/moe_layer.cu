@@ -13,6 +13,7 @@
 // The same reduction structure as the CPU backend; no float atomics, so it is deterministic.
 #include <cuda_bf16.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "comet/layer.h"
@@ -23,6 +24,7 @@
 #include "cuda/device_plan.h"
 #include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/random_fill.h"
 #include "fabric/fabric.h"
 
 namespace comet {
@@ -200,18 +202,29 @@ struct MoeLayer::Impl {
 
   // Steps 3-5, one kernel each (the GPU oracle of the fused kernels).
   void run_unfused(cudaStream_t stream) const {
+    run_dispatch(stream);
+    run_gemms(stream);
+    run_combine(stream);
+  }
+  void run_dispatch(cudaStream_t stream) const {
     const int W = config.layout.world, H = config.model.hidden;
-    const int64_t x_offset = layout.region("x").offset_bytes, combine_offset = layout.region("combine_recv").offset_bytes;
+    const int64_t x_offset = layout.region("x").offset_bytes;
     for (int r = 0; r < W; ++r) {
       dispatch_pull_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
           ranks[r].plan, fabric.peer_table(r), x_offset, reinterpret_cast<uint4*>(region(r, "a_rows")), H,
           plan_layout.rows_per_token, W, r);
       COMET_CUDA_CHECK_LAUNCH();
     }
-    for (int r = 0; r < W; ++r) {
+  }
+  void run_gemms(cudaStream_t stream) const {
+    for (int r = 0; r < config.layout.world; ++r) {
       cuda::run_grouped_gemm(gemm_args(r, 0), stream);
       cuda::run_grouped_gemm(gemm_args(r, 1), stream);
     }
+  }
+  void run_combine(cudaStream_t stream) const {
+    const int W = config.layout.world, H = config.model.hidden;
+    const int64_t combine_offset = layout.region("combine_recv").offset_bytes;
     for (int r = 0; r < W; ++r) {
       combine_push_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
           ranks[r].plan, fabric.peer_table(r), combine_offset, reinterpret_cast<const uint4*>(region(r, "out_rows")),
@@ -354,6 +367,32 @@ void MoeLayer::set_tuning_table(const TuningTable& table) {
 }
 
 NCommChoice MoeLayer::n_comm() const { return impl_->n_comm; }
+
+void MoeLayer::set_random_weights(uint64_t seed) {
+  Impl& m = *impl_;
+  const int Epr = m.config.experts_per_rank();
+  const size_t H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
+  const size_t n0 = size_t(Epr) * cuda::gemm_b_rows(cuda::GemmEpilogue::kSwiGlu, int(Fl)) * H, n1 = size_t(Epr) * H * Fl;
+  for (int r = 0; r < m.config.layout.world; ++r) {
+    Impl::Rank& rank = m.ranks[r];
+    if (!rank.w0) COMET_CUDA_CHECK(cudaMalloc(&rank.w0, n0 * 2));
+    if (!rank.w1) COMET_CUDA_CHECK(cudaMalloc(&rank.w1, n1 * 2));
+    cuda::fill_uniform_bf16(rank.w0, n0, seed * 64 + 2 * r, 1.f / std::sqrt(float(H)));
+    cuda::fill_uniform_bf16(rank.w1, n1, seed * 64 + 2 * r + 1, 1.f / std::sqrt(float(Fl)));
+  }
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  m.have_weights = true;
+}
+
+void MoeLayer::run_part(Part part, CUstream_st* stream) {
+  COMET_CHECK(impl_->have_weights, "MoeLayer: set weights and run forward() once before run_part()");
+  if (part == Part::kGemms) {
+    impl_->run_gemms(stream);
+  } else {
+    impl_->run_dispatch(stream);
+    impl_->run_combine(stream);
+  }
+}
 
 MoeLayer::~MoeLayer() = default;
 

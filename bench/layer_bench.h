@@ -1,0 +1,44 @@
+// bench/layer_bench.h: `comet bench layer`: one MoE layer forward at full size on one GPU, W
+// virtual ranks (Loopback fabric), every rank's work on one stream: the fused Comet kernels,
+// the unfused pipeline, the two grouped GEMMs alone (compute-only: data in place, no waits) and
+// the dispatch + combine copies alone (communication-only). On one GPU communication is a local
+// copy, so fused / compute-only measures what communication blocks, waits and signals cost on
+// top of pure compute.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace comet::bench {
+
+struct LayerBenchOptions {
+  std::vector<std::string> models;             // empty: every preset
+  std::vector<int> tokens{1024, 4096, 8192};   // tokens per rank
+  int ep = 8, tp = 1;                          // W = ep * tp virtual ranks
+  int n_comm0 = 0, n_comm1 = 0;                // 0: tuning table / cost model (MoeLayer)
+  int iters = 20;
+  double warmup_ms = 300;
+  uint64_t seed = 1;
+};
+
+struct LayerBenchRow {
+  std::string model;
+  int tokens = 0, world = 0, ep = 0, tp = 0;
+  int n_comm0 = 0, n_comm1 = 0;
+  std::string n_comm_source;
+  double flop = 0;  // both GEMMs, all ranks
+  double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;
+  bool fused_equals_unfused = false;  // bitwise, all ranks' outputs
+  double fused_over_compute() const { return fused_us / compute_us; }
+  double fused_tflops() const { return flop / fused_us * 1e-6; }
+};
+
+using LayerProgress = std::function<void(int done, int total, const std::string& what)>;
+
+std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& options, const LayerProgress& progress);
+void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os);
+std::string layer_rows_json(const std::vector<LayerBenchRow>& rows);
+
+}  // namespace comet::bench
