@@ -15,6 +15,7 @@ const char* wait_role_name(WaitRole role) {
     case WaitRole::kBadTokenCount: return "token count within T_max";
     case WaitRole::kBadExpertId: return "expert id within [-1, E)";
     case WaitRole::kRowOverflow: return "rows within the buffer bound";
+    case WaitRole::kRepeatedExpert: return "each expert at most once per token";
   }
   return "unknown";
 }

@@ -21,7 +21,8 @@ enum class WaitRole : int32_t {
   // bad, `observed` the bad value, `expected` the bound it broke.
   kBadTokenCount = 5,  // more tokens than T_max
   kBadExpertId = 6,    // an expert id outside [-1, E)
-  kRowOverflow = 7,    // more rows than the buffers hold (an expert repeated within a token)
+  kRowOverflow = 7,    // more rows than the buffers hold
+  kRepeatedExpert = 8, // a token selects the same expert in two slots (`observed` = the expert)
 };
 
 struct DeviceError {

@@ -73,7 +73,7 @@ struct Smem {
 __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, DevicePlanArgs a) {
   extern __shared__ int smem_raw[];
   __shared__ typename BlockScan::TempStorage scan_storage;
-  __shared__ int recv_run, bad_rows;
+  __shared__ int recv_run, bad_rows, repeated;
   Smem sm(smem_raw, s);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int W = s.world, E = s.experts_per_rank, K = s.topk, R = s.rows_per_token;
@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, D
   // Pass 1: rows per (ring position, local expert), tokens per ring position.
   for (int i = tid; i < W * E; i += kThreads) sm.cnt[i] = 0;
   for (int i = tid; i < W; i += kThreads) sm.recv_cnt[i] = 0;
+  if (tid == 0) repeated = 0;
   __syncthreads();
   for (int pos = 0; pos < W; ++pos) {
     const int src = (r + pos) % W, T = token_count(src);
@@ -113,6 +114,15 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, D
         mine = true;
       }
       if (mine) atomicAdd(&sm.recv_cnt[pos], 1);
+      // Every rank checks every token (not only its own experts), so all refuse together.
+      for (int k = 1; k < K; ++k) {
+        const int e = ids[size_t(t) * K + k];
+        for (int j = 0; j < k && e >= 0; ++j)
+          if (ids[size_t(t) * K + j] == e) {
+            record_input_error(a.error, r, WaitRole::kRepeatedExpert, src, uint64_t(s.num_experts), uint64_t(e));
+            repeated = 1;
+          }
+      }
     }
   }
   __syncthreads();
@@ -144,10 +154,12 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, D
       plan.recv_count[pos] = sm.recv_cnt[pos];
       plan.recv_psum[pos + 1] = plan.recv_psum[pos] + sm.recv_cnt[pos];
     }
-    // A repeated expert within a token breaks the row bound; refuse the whole plan.
-    bad_rows = offset > s.max_rows;
-    if (bad_rows) {
+    // Rows beyond the buffers, or an expert repeated within a token (which breaks the row
+    // placement below): refuse the whole plan.
+    bad_rows = offset > s.max_rows || repeated;
+    if (offset > s.max_rows)
       record_input_error(a.error, r, WaitRole::kRowOverflow, r, uint64_t(s.max_rows), uint64_t(offset));
+    if (bad_rows) {
       plan.counts[0] = 0;
       plan.num_tiles[0] = plan.num_tiles[1] = 0;
       for (int pos = 0; pos <= W; ++pos) plan.recv_psum[pos] = 0;  // nothing to dispatch or combine

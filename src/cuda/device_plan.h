@@ -78,7 +78,10 @@ struct DevicePlanArgs {
   const int32_t* const* route_ids = nullptr;     // [W] -> [Tm][topk]
   const float* const* route_weights = nullptr;   // [W] -> [Tm][topk]
   DevicePlanView plan{};
-  DeviceError* error = nullptr;                  // records a token count above T_max
+  // Records bad input (token count above T_max, expert id out of range, an expert repeated
+  // within a token, rows beyond the buffers); a refused plan has no tiles, receives nothing and
+  // sends nothing.
+  DeviceError* error = nullptr;
   // Epoch signals of the fused kernels (optional; all four or none). Counters are never reset:
   // the plan kernel, which runs before the layer kernels of the same call in stream order,
   // turns the bases (what earlier calls delivered) into this call's targets and advances them.

@@ -170,7 +170,12 @@ struct MoeLayer::Impl {
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank);
     GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
     gpu.num_sms = info.num_sms;
-    n_comm = choose_n_comm(&tuning, key, config, expected_layer_cost(config, config.max_tokens_per_rank, gpu), gpu);
+    const LayerCost cost = expected_layer_cost(config, config.max_tokens_per_rank, gpu);
+    n_comm = choose_n_comm(&tuning, key, config, cost, gpu);
+    if (n_comm.n_comm0 >= info.num_sms || n_comm.n_comm1 >= info.num_sms) {  // a table for another GPU size
+      n_comm = choose_n_comm(nullptr, key, config, cost, gpu);
+      n_comm.source += " (the nearest table entry asked for more blocks than this GPU has)";
+    }
     if (options.n_comm0 > 0) n_comm.n_comm0 = options.n_comm0;
     if (options.n_comm1 > 0) n_comm.n_comm1 = options.n_comm1;
   }
@@ -275,15 +280,17 @@ struct MoeLayer::Impl {
       }
   }
 
-  // After a failure the counters and bases no longer agree: zero both (nothing runs then).
-  void reset_epochs() {
+  // After a failure the counters and bases no longer agree: zero both, on the caller's stream,
+  // and wait, so that the next forward (possibly on a non-blocking stream) sees them zeroed.
+  void reset_epochs(cudaStream_t stream) {
     for (size_t r = 0; r < ranks.size(); ++r) {
-      COMET_CUDA_CHECK(cudaMemset(ranks[r].epochs, 0, epoch_words() * sizeof(uint64_t)));
+      COMET_CUDA_CHECK(cudaMemsetAsync(ranks[r].epochs, 0, epoch_words() * sizeof(uint64_t), stream));
       for (const char* name : {"tile_arrivals", "col_done"}) {
         const WorkspaceRegion& reg = layout.region(name);
-        COMET_CUDA_CHECK(cudaMemset(static_cast<char*>(fabric.base(int(r))) + reg.offset_bytes, 0, reg.bytes));
+        COMET_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(fabric.base(int(r))) + reg.offset_bytes, 0, reg.bytes, stream));
       }
     }
+    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
   Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(config), plan_layout(config) {}
@@ -467,9 +474,19 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
     cuda::build_device_plan(c, a, stream);
   }
 
-  // Steps 3-5: dispatch, the two GEMMs, combine.
-  if (m.options.fused) m.run_fused(stream);
-  else m.run_unfused(stream);
+  // Steps 3-5: dispatch, the two GEMMs, combine. A fused launch that fails on the host after the
+  // plan kernels advanced the epoch bases must not leave them advanced.
+  if (m.options.fused) {
+    try {
+      m.run_fused(stream);
+    } catch (...) {
+      cudaStreamSynchronize(stream);
+      m.reset_epochs(stream);
+      throw;
+    }
+  } else {
+    m.run_unfused(stream);
+  }
   // Step 6: owner reduce into the caller's y.
   for (int r = 0; r < W; ++r) {
     owner_reduce_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
@@ -486,11 +503,12 @@ void MoeLayer::check(CUstream_st* stream) {
     cuda::DeviceError e;
     COMET_CUDA_CHECK(cudaMemcpy(&e, r.error, sizeof e, cudaMemcpyDeviceToHost));
     if (e.claimed && first.empty()) first = cuda::describe(e);
-    // Cleared once reported, so the layer stays usable for the next call.
-    COMET_CUDA_CHECK(cudaMemset(r.error, 0, sizeof(cuda::DeviceError)));
+    // Cleared once reported (on the caller's stream), so the layer stays usable.
+    COMET_CUDA_CHECK(cudaMemsetAsync(r.error, 0, sizeof(cuda::DeviceError), stream));
   }
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (!first.empty()) {
-    impl_->reset_epochs();
+    impl_->reset_epochs(stream);
     throw Error("MoeLayer: " + first);
   }
 }

@@ -234,6 +234,18 @@ TEST(DevicePlan, BadInputIsRecordedNotWritten) {
   EXPECT_EQ(e.role, int(WaitRole::kBadExpertId));
   EXPECT_EQ(e.signal, 3);
   EXPECT_EQ(e.observed, 99u);
+  // An expert repeated within a token (rank 1, token 2): the plan is refused, not filled in.
+  bad = routing;
+  bad[1].expert_ids[2 * 2] = 5;
+  bad[1].expert_ids[2 * 2 + 1] = 5;
+  e = run(bad, 20);
+  ASSERT_EQ(e.claimed, 1);
+  EXPECT_EQ(e.role, int(WaitRole::kRepeatedExpert));
+  EXPECT_EQ(e.signal, 1);
+  EXPECT_EQ(e.observed, 5u);
+  const DevicePlanView v = layout.view(buffer.get());
+  EXPECT_EQ(download(v.num_tiles, 2), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(download(v.recv_psum, 5), (std::vector<int32_t>{0, 0, 0, 0, 0}));
   e = run(routing, 20);
   EXPECT_EQ(e.claimed, 0) << describe(e);
 }
