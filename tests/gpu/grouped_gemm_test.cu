@@ -119,6 +119,24 @@ double oracle_element(const GemmProblem& p, int row, int col) {
   return g / (1.0 + std::exp(-g)) * u;
 }
 
+// The arguments every test shares: shapes from the case, the problem's buffers and schedule.
+GroupedGemmArgs base_args(const GemmProblem& p, const void* a, const void* b, void* d, const GemmTile* tiles,
+                          const int32_t* num_tiles) {
+  GroupedGemmArgs args;
+  args.epilogue = p.c.epilogue;
+  args.kernel = p.c.kernel;
+  args.num_experts = int(p.c.rows.size());
+  args.max_rows = p.max_rows;
+  args.n = p.c.n;
+  args.k = p.c.k;
+  args.a = a;
+  args.b = b;
+  args.d = d;
+  args.tiles = tiles;
+  args.num_tiles = num_tiles;
+  return args;
+}
+
 struct GemmRun {
   std::vector<uint16_t> d;
   std::vector<float> reference;
@@ -144,18 +162,7 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
   error.zero();
   d.poison();
   build_gemm_tiles(rows.get(), E, nb, order, tiles.get(), num_tiles.get(), capacity, nullptr);
-  GroupedGemmArgs args;
-  args.epilogue = c.epilogue;
-  args.kernel = c.kernel;
-  args.num_experts = E;
-  args.max_rows = p.max_rows;
-  args.n = c.n;
-  args.k = c.k;
-  args.a = a.get();
-  args.b = b.get();
-  args.d = d.get();
-  args.tiles = tiles.get();
-  args.num_tiles = num_tiles.get();
+  GroupedGemmArgs args = base_args(p, a.get(), b.get(), d.get(), tiles.get(), num_tiles.get());
   args.error = error.get();
   args.timeout_ns = timeout_ns;
   DeviceBuffer<uint64_t> flags, targets;
@@ -387,18 +394,7 @@ TEST(GroupedGemm, LateSignalDelaysOnlyItsTiles) {
   cudaStream_t gemm_stream, signal_stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&gemm_stream, cudaStreamNonBlocking));
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&signal_stream, cudaStreamNonBlocking));
-  GroupedGemmArgs args;
-  args.epilogue = c.epilogue;
-  args.kernel = c.kernel;
-  args.num_experts = E;
-  args.max_rows = p.max_rows;
-  args.n = c.n;
-  args.k = c.k;
-  args.a = a.get();
-  args.b = b.get();
-  args.d = d.get();
-  args.tiles = tiles.get();
-  args.num_tiles = num_tiles.get();
+  GroupedGemmArgs args = base_args(p, a.get(), b.get(), d.get(), tiles.get(), num_tiles.get());
   args.wait_flags = dflags.get();
   args.wait_targets = dtargets.get();
   args.tile_end_ns = ends.get();
@@ -448,18 +444,7 @@ TEST(GroupedGemm, DoneFlagsCountTilesPerColumnBlock) {
   error.zero();
   done.zero();
   build_gemm_tiles(rows.get(), E, nb, TileOrder::kColumnBlockMajor, tiles.get(), num_tiles.get(), capacity, nullptr);
-  GroupedGemmArgs args;
-  args.epilogue = c.epilogue;
-  args.kernel = c.kernel;
-  args.num_experts = E;
-  args.max_rows = p.max_rows;
-  args.n = c.n;
-  args.k = c.k;
-  args.a = a.get();
-  args.b = b.get();
-  args.d = d.get();
-  args.tiles = tiles.get();
-  args.num_tiles = num_tiles.get();
+  GroupedGemmArgs args = base_args(p, a.get(), b.get(), d.get(), tiles.get(), num_tiles.get());
   args.done_flags = done.get();
   args.error = error.get();
   for (int call = 1; call <= 3; ++call) {  // epoch counters: never reset between calls
