@@ -35,6 +35,8 @@ struct PlanCase {
   }
 };
 
+void PrintTo(const PlanCase& c, std::ostream* os) { *os << c.describe(); }
+
 std::vector<PlanCase> plan_cases() {
   std::vector<PlanCase> out;
   uint64_t seed = 1;

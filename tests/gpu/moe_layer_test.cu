@@ -39,6 +39,9 @@ struct LayerCase {
   }
 };
 
+// gtest prints a case with every parameter.
+void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.describe(); }
+
 std::vector<LayerCase> layer_cases() {
   std::vector<LayerCase> out;
   uint64_t seed = 1;
