@@ -74,11 +74,11 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
   std::vector<LayerBenchRow> rows;
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const int total = int(models.size() * o.tokens.size());
+  const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size());
+  const int total = int(models.size() * o.tokens.size()) * combos;
   int done = 0;
   for (const std::string& name : models)
     for (int tokens : o.tokens) {
-      if (progress) progress(done, total, name + " T=" + std::to_string(tokens));
       LayerConfig c;
       c.model = ModelPresets::get(name);
       c.layout = {o.ep * o.tp, o.ep, o.tp};
@@ -87,47 +87,55 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       MoeLayer layer(c, *fabric);
       layer.set_random_weights(o.seed);
       const std::unique_ptr<Inputs> in = make_inputs(c, tokens, o.seed);
-      LayerOptions unfused, fused;
-      fused.fused = true;
-      fused.n_comm0 = o.n_comm0;
-      fused.n_comm1 = o.n_comm1;
-      layer.set_options(fused);
-      LayerBenchRow row;
-      row.model = name;
-      row.tokens = tokens;
-      row.world = c.layout.world;
-      row.ep = o.ep;
-      row.tp = o.tp;
-      row.n_comm0 = layer.n_comm().n_comm0;
-      row.n_comm1 = layer.n_comm().n_comm1;
-      row.n_comm_source = layer.n_comm().source;
-
-      // Correctness first: the fused output equals the unfused one bitwise.
+      // The unfused output once per workload: every fused variant must equal it bitwise.
+      const LayerOptions unfused;
       layer.set_options(unfused);
       layer.forward(in->tensors, stream);
       layer.check(stream);
       const std::vector<uint16_t> want = download_all_y(c, *in, tokens);
-      layer.set_options(fused);
-      layer.forward(in->tensors, stream);
-      layer.check(stream);
-      row.fused_equals_unfused = download_all_y(c, *in, tokens) == want;
+      for (int n0 : o.n_comm0)
+        for (int n1 : o.n_comm1)
+          for (int group : o.layer0_group_m) {
+            if (progress) progress(done, total, name + " T=" + std::to_string(tokens));
+            LayerOptions fused;
+            fused.fused = true;
+            fused.n_comm0 = n0;
+            fused.n_comm1 = n1;
+            fused.layer0_group_m = group;
+            layer.set_options(fused);
+            LayerBenchRow row;
+            row.model = name;
+            row.tokens = tokens;
+            row.world = c.layout.world;
+            row.ep = o.ep;
+            row.tp = o.tp;
+            row.n_comm0 = layer.n_comm().n_comm0;
+            row.n_comm1 = layer.n_comm().n_comm1;
+            row.layer0_group_m = group;
+            row.n_comm_source = layer.n_comm().source;
+            layer.forward(in->tensors, stream);
+            layer.check(stream);
+            row.fused_equals_unfused = download_all_y(c, *in, tokens) == want;
 
-      const std::vector<Variant> variants = {
-          {"fused", [&](cudaStream_t st) { layer.set_options(fused); layer.forward(in->tensors, st); }},
-          {"unfused", [&](cudaStream_t st) { layer.set_options(unfused); layer.forward(in->tensors, st); }},
-          {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
-          {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
-      };
-      const std::vector<double> us = time_interleaved(variants, stream, o.iters, o.warmup_ms);
-      layer.check(stream);
-      row.fused_us = us[0];
-      row.unfused_us = us[1];
-      row.compute_us = us[2];
-      row.comm_us = us[3];
-      // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
-      row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
-      rows.push_back(row);
-      ++done;
+            const std::vector<Variant> variants = {
+                {"fused", [&](cudaStream_t st) { layer.set_options(fused); layer.forward(in->tensors, st); }},
+                {"unfused", [&](cudaStream_t st) { layer.set_options(unfused); layer.forward(in->tensors, st); }},
+                {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
+                {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
+                {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
+            };
+            const std::vector<double> us = time_interleaved(variants, stream, o.iters, o.warmup_ms);
+            layer.check(stream);
+            row.fused_us = us[0];
+            row.unfused_us = us[1];
+            row.compute_us = us[2];
+            row.comm_us = us[3];
+            row.plan_us = us[4];
+            // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
+            row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
+            rows.push_back(row);
+            ++done;
+          }
     }
   if (progress) progress(done, total, "done");
   cudaStreamDestroy(stream);

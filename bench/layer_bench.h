@@ -17,7 +17,9 @@ struct LayerBenchOptions {
   std::vector<std::string> models;             // empty: every preset
   std::vector<int> tokens{1024, 4096, 8192};   // tokens per rank
   int ep = 8, tp = 1;                          // W = ep * tp virtual ranks
-  int n_comm0 = 0, n_comm1 = 0;                // 0: tuning table / cost model (MoeLayer)
+  // Each list is swept (every combination is one row); 0: MoeLayer chooses (tuning table or
+  // cost model for n_comm, its default for the raster group).
+  std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0};
   int iters = 20;
   double warmup_ms = 300;
   uint64_t seed = 1;
@@ -26,10 +28,11 @@ struct LayerBenchOptions {
 struct LayerBenchRow {
   std::string model;
   int tokens = 0, world = 0, ep = 0, tp = 0;
-  int n_comm0 = 0, n_comm1 = 0;
+  int n_comm0 = 0, n_comm1 = 0, layer0_group_m = 0;  // 0: MoeLayer's default group
   std::string n_comm_source;
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;
+  double plan_us = 0;  // the device plan kernels alone (part of every forward)
   bool fused_equals_unfused = false;  // bitwise, all ranks' outputs
   double fused_over_compute() const { return fused_us / compute_us; }
   double fused_tflops() const { return flop / fused_us * 1e-6; }

@@ -36,10 +36,12 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   l->add_option("--tokens", lo.tokens, "tokens per rank, comma separated")->delimiter(',');
   l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
   l->add_option("--tp", lo.tp, "tensor-parallel ranks")->check(CLI::PositiveNumber);
-  l->add_option("--n-comm0", lo.n_comm0, "layer0 communication blocks (0: tuning table or cost model)")
-      ->check(CLI::NonNegativeNumber);
-  l->add_option("--n-comm1", lo.n_comm1, "layer1 communication blocks (0: tuning table or cost model)")
-      ->check(CLI::NonNegativeNumber);
+  l->add_option("--n-comm0", lo.n_comm0, "layer0 communication blocks, comma separated list swept (0: tuning table or cost model)")
+      ->delimiter(',')->check(CLI::NonNegativeNumber);
+  l->add_option("--n-comm1", lo.n_comm1, "layer1 communication blocks, comma separated list swept (0: tuning table or cost model)")
+      ->delimiter(',')->check(CLI::NonNegativeNumber);
+  l->add_option("--group-m0", lo.layer0_group_m, "layer0 raster group heights in M tiles, comma separated list swept (0: default)")
+      ->delimiter(',')->check(CLI::NonNegativeNumber);
   l->add_option("--iters", lo.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
   l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(CLI::NonNegativeNumber);
   l->add_option("--seed", lo.seed, "weights, tokens and routing seed");
@@ -81,6 +83,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.tp = o.tp;
   lo.n_comm0 = o.n_comm0;
   lo.n_comm1 = o.n_comm1;
+  lo.layer0_group_m = o.layer0_group_m;
   lo.iters = o.iters;
   lo.warmup_ms = o.warmup_ms;
   lo.seed = o.seed;

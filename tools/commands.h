@@ -60,7 +60,7 @@ struct BenchLayerOptions {
   std::vector<std::string> models;
   std::vector<int> tokens{1024, 4096, 8192};
   int ep = 8, tp = 1;
-  int n_comm0 = 0, n_comm1 = 0;
+  std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0};  // swept lists
   int iters = 20;
   double warmup_ms = 300;
   uint64_t seed = 1;

@@ -42,6 +42,9 @@ struct LayerOptions {
   // (set_tuning_table, comet/tuning.h) or else the analytic cost model; n_comm_source() says which.
   int n_comm0 = 0;
   int n_comm1 = 0;
+  // Height in M tiles of the layer0 GEMM's raster groups (L2 reuse of B against how many rows
+  // the first wave needs); 0 chooses (docs/gpu_layer.md).
+  int layer0_group_m = 0;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
 };
@@ -79,8 +82,9 @@ class MoeLayer {
   void set_random_weights(uint64_t seed);
   // Benchmarks only: one part of the unfused pipeline on every rank, on the plans and buffers of
   // the last forward() (call it once first). kGemms: the two grouped GEMMs (the compute-only
-  // time); kCommunication: the dispatch and combine copy kernels (the communication-only time).
-  enum class Part { kGemms, kCommunication };
+  // time); kCommunication: the dispatch and combine copy kernels (the communication-only time);
+  // kPlan: every rank's device plan kernel (the metadata cost of a forward).
+  enum class Part { kGemms, kCommunication, kPlan };
   void run_part(Part part, CUstream_st* stream);
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
   // Waits for `stream`, then throws comet::Error describing the first recorded device error.

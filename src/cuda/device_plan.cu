@@ -70,7 +70,15 @@ struct Smem {
   }
 };
 
-__global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, DevicePlanArgs a) {
+// Up to kPlanBatch ranks' plans in one launch, one block each (virtual ranks on one GPU plan
+// concurrently instead of one 1-block kernel after another).
+constexpr int kPlanBatch = 8;
+struct PlanBatch {
+  DevicePlanArgs ranks[kPlanBatch];
+};
+
+__global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+  DevicePlanArgs a = batch.ranks[blockIdx.x];
   extern __shared__ int smem_raw[];
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ int recv_run, bad_rows, repeated;
@@ -310,17 +318,18 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, D
   };
   for (int64_t i = tid; i < int64_t(num_m) * s.n_blocks0; i += kThreads) {
     int q, n;
-    raster_tile(TileOrder::kRowMajor, i, num_m, s.n_blocks0, q, n);
+    raster_tile(TileOrder::kRowMajor, a.layer0_group_m, i, num_m, s.n_blocks0, q, n);
     const int m = plan.layer0_order[q];
     plan.tiles0[i] = GemmTile{plan.m_tile_row[m], n, expert_of(m), m};
   }
   for (int64_t i = tid; i < int64_t(num_m) * s.n_blocks1; i += kThreads) {
     int m, n;
-    raster_tile(TileOrder::kColumnBlockMajor, i, num_m, s.n_blocks1, m, n);
+    raster_tile(TileOrder::kColumnBlockMajor, kRasterGroupN, i, num_m, s.n_blocks1, m, n);
     plan.tiles1[i] = GemmTile{plan.m_tile_row[m], n, expert_of(m), m};
   }
   // Epoch targets of this call (docs/protocol.md): each counter rises by exactly the expected
   // count, so target = what earlier calls delivered + this call's expectation.
+  if (a.combine_claims != nullptr && tid == 0) *a.combine_claims = 0;
   if (a.tile_base != nullptr) {
     for (int m = tid; m < num_m; m += kThreads) {
       a.tile_target[m] = a.tile_base[m] + uint64_t(plan.m_tile_rows[m]);
@@ -384,18 +393,30 @@ DevicePlanView DevicePlanLayout::view(void* base) const {
           reinterpret_cast<int32_t*>(at(15))};
 }
 
-void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream) {
+void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream) {
   const PlanShape s = plan_shape(config);
-  COMET_CHECK(args.rank >= 0 && args.rank < s.world, "build_device_plan: rank " << args.rank << " outside [0, "
-                                                                                << s.world << ")");
-  COMET_CHECK(args.token_counts && args.route_ids && args.route_weights && args.error,
-              "build_device_plan: a null routing or error pointer");
+  for (int i = 0; i < count; ++i) {
+    const DevicePlanArgs& a = args[i];
+    COMET_CHECK(a.rank >= 0 && a.rank < s.world, "build_device_plan: rank " << a.rank << " outside [0, " << s.world << ")");
+    COMET_CHECK(a.token_counts && a.route_ids && a.route_weights && a.error,
+                "build_device_plan: a null routing or error pointer");
+    COMET_CHECK(a.layer0_group_m >= 1, "build_device_plan: layer0_group_m " << a.layer0_group_m << " must be >= 1");
+  }
   const size_t smem = Smem::bytes(s);
   COMET_CHECK(smem <= 200 * 1024, "build_device_plan: " << smem << " bytes of shared memory for W=" << s.world
                                                         << " and E/EP=" << s.experts_per_rank << " is too much");
   COMET_CUDA_CHECK(cudaFuncSetAttribute(device_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  device_plan_kernel<<<1, kThreads, smem, stream>>>(s, args);
-  COMET_CUDA_CHECK_LAUNCH();
+  for (int first = 0; first < count; first += kPlanBatch) {
+    PlanBatch batch{};
+    const int n = std::min(kPlanBatch, count - first);
+    std::copy(args + first, args + first + n, batch.ranks);
+    device_plan_kernel<<<n, kThreads, smem, stream>>>(s, batch);
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream) {
+  build_device_plans(config, &args, 1, stream);
 }
 
 }  // namespace comet::cuda

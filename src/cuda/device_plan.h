@@ -78,6 +78,9 @@ struct DevicePlanArgs {
   const int32_t* const* route_ids = nullptr;     // [W] -> [Tm][topk]
   const float* const* route_weights = nullptr;   // [W] -> [Tm][topk]
   DevicePlanView plan{};
+  // Height of the layer0 raster groups in M tiles (TileOrder::kRowMajor). Smaller groups let a
+  // fused layer0 start its first wave on fewer arrived rows; larger ones reuse B more in L2.
+  int layer0_group_m = kRasterGroupM;
   // Records bad input (token count above T_max, expert id out of range, an expert repeated
   // within a token, rows beyond the buffers); a refused plan has no tiles, receives nothing and
   // sends nothing.
@@ -91,9 +94,13 @@ struct DevicePlanArgs {
   uint64_t* tile_target = nullptr;  // [MT]
   uint64_t* col_base = nullptr;     // [NB1], persistent
   uint64_t* col_target = nullptr;   // [NB1]
+  unsigned* combine_claims = nullptr;  // optional: zeroed for this call's fused layer1
 };
 
 // Launches the plan kernel of one rank (one block, asynchronous on `stream`).
 void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream);
+// The plans of `count` ranks of one device, one block each, several per launch (the ranks'
+// plans are independent: each only reads the published routing).
+void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream);
 
 }  // namespace comet::cuda

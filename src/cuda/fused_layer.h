@@ -7,13 +7,13 @@
 //           counter; the GEMM producer acquire-waits tile_arrivals[m] >= tile_target[m] before
 //           loading A (GEMM0 + SwiGLU, tiles in the layer0 order of the plan)
 //   layer1  GEMM blocks run GEMM1 column-block groups and release-add 1 per stored tile to
-//           col_done[n_block]; comm blocks acquire-wait col_done[j] >= col_target[j], then
-//           pre-reduce each received token's rows for columns of block j (fp32, slot order,
-//           weighted) and store the bf16 partial into the owner's combine_recv slot
-// The owner's reduce over ranks runs after layer1 (MoeLayer). Every wait has a timeout; the
-// first one to expire fills the DeviceError record and the kernel still finishes.
-//
-// Status: compiled, not yet run on a GPU (docs/gpu_layer.md says what has been verified).
+//           col_done[n_block]; comm warps acquire-wait for a column group's blocks, then
+//           pre-reduce each received token's rows over the group's columns (fp32, slot order,
+//           weighted) and store the bf16 partial into the owner's combine_recv slot; GEMM
+//           blocks whose tiles are done join the comm warps (combine_claims)
+// The data movement is cuda/comm_rows.cuh, shared with the unfused pipeline. The owner's
+// reduce over ranks runs after layer1 (MoeLayer). Every wait has a timeout; the first one to
+// expire fills the DeviceError record and the kernel still finishes.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +43,9 @@ struct FusedCommArgs {
   int stall = 0;                      // fault injection (tests): the comm blocks do nothing
   uint64_t timeout_ns = 5'000'000'000ull;
   DeviceError* error = nullptr;
+  // layer1 work counter, zeroed by this call's plan kernel: comm warps and, once their tiles are
+  // done, GEMM warps claim combine items from it. Null: a static split over the comm warps.
+  unsigned* combine_claims = nullptr;
 };
 
 // Launch one layer cooperatively on num_SMs blocks (asynchronous on `stream`). `gemm` carries

@@ -110,7 +110,7 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
   if (total > capacity) return;  // *num_tiles = 0: nothing runs; the caller sized it wrong
   for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
     int m, n;
-    raster_tile(order, i, m_total, num_n_blocks, m, n);
+    raster_tile(order, default_raster_group(order), i, m_total, num_n_blocks, m, n);
     int e = 0;  // expert of global M tile m (binary search over tile prefix sums)
     int lo = 0, hi = num_experts - 1;
     while (lo < hi) {

@@ -20,6 +20,7 @@
 #include "comet/workspace.h"
 #include "comet/cost_model.h"
 #include "cuda/check.h"
+#include "cuda/comm_rows.cuh"
 #include "cuda/device_info.h"
 #include "cuda/device_plan.h"
 #include "cuda/fused_layer.h"
@@ -34,95 +35,30 @@ namespace {
 using cuda::DevicePlanView;
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kGrid = 132;  // blocks of the copy kernels (grid-stride loops; any size is correct)
+constexpr int kGrid = 132;
+// The fused layer0's raster group height: its first wave then waits for the rows of this many
+// M tiles instead of kRasterGroupM (docs/results/ has the measurement).
+constexpr int kFusedLayer0GroupM = 4;  // blocks of the copy kernels (grid-stride loops; any size is correct)
 
-__device__ __forceinline__ int ring_pos_of(const int32_t* recv_psum, int world, int slot) {
-  int pos = 0;
-  while (pos + 1 < world && recv_psum[pos + 1] <= slot) ++pos;
-  return pos;
+// The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
+// without signals, on kGrid blocks of kWarpsPerBlock warps.
+__global__ void dispatch_kernel(const __grid_constant__ cuda::FusedCommArgs f) {
+  __shared__ int32_t psum[cuda::kMaxWorld + 1];
+  cuda::load_recv_psum(f, psum);
+  const int warps = int(blockDim.x) / 32;
+  cuda::dispatch_rows(f, psum, int(blockIdx.x) * warps + int(threadIdx.x) / 32, int(gridDim.x) * warps);
 }
 
-// One warp per received token: 16-byte loads of the owner's row, stores to every row it feeds.
-__global__ void dispatch_pull_kernel(DevicePlanView plan, void* const* peers, int64_t x_offset, uint4* a_rows,
-                                     int hidden, int rows_per_token, int world, int rank) {
-  const int total = plan.recv_psum[world];
-  const int lane = threadIdx.x % 32, chunks = hidden / 8;
-  for (int slot = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; slot < total; slot += gridDim.x * kWarpsPerBlock) {
-    const int src = (rank + ring_pos_of(plan.recv_psum, world, slot)) % world;
-    const int token = plan.recv_token[slot];
-    const uint4* x = reinterpret_cast<const uint4*>(static_cast<const char*>(peers[src]) + x_offset) +
-                     int64_t(token) * chunks;
-    for (int c = lane; c < chunks; c += 32) {
-      const uint4 v = x[c];
-      for (int j = 0; j < rows_per_token; ++j) {
-        const int row = plan.recv_rows[int64_t(slot) * rows_per_token + j];
-        if (row < 0) break;
-        a_rows[int64_t(row) * chunks + c] = v;
-      }
-    }
-  }
+__global__ void combine_kernel(const __grid_constant__ cuda::FusedCommArgs f) {
+  __shared__ int32_t psum[cuda::kMaxWorld + 1];
+  cuda::load_recv_psum(f, psum);
+  const int warps = int(blockDim.x) / 32;
+  cuda::combine_rows(f, psum, int(blockIdx.x) * warps + int(threadIdx.x) / 32, int(gridDim.x) * warps);
 }
 
-// One warp per received token: fp32 weighted sum of its rows (slot order), one bf16 row into
-// the owner's combine_recv[rank][position in the owner's send list].
-__global__ void combine_push_kernel(DevicePlanView plan, void* const* peers, int64_t combine_offset,
-                                    const uint4* out_rows, int hidden, int rows_per_token, int world, int rank,
-                                    int t_max) {
-  const int total = plan.recv_psum[world];
-  const int lane = threadIdx.x % 32, chunks = hidden / 8;
-  for (int slot = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; slot < total; slot += gridDim.x * kWarpsPerBlock) {
-    const int pos = ring_pos_of(plan.recv_psum, world, slot);
-    const int owner = (rank + pos) % world, position = slot - plan.recv_psum[pos];
-    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(peers[owner]) + combine_offset) +
-                 (int64_t(rank) * t_max + position) * chunks;
-    for (int c = lane; c < chunks; c += 32) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int j = 0; j < rows_per_token; ++j) {
-        const int row = plan.recv_rows[int64_t(slot) * rows_per_token + j];
-        if (row < 0) break;
-        const float w = plan.recv_weight[int64_t(slot) * rows_per_token + j];
-        const uint4 v = out_rows[int64_t(row) * chunks + c];
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-        for (int q = 0; q < 4; ++q) {
-          const float2 f = __bfloat1622float2(h[q]);
-          acc[2 * q] += w * f.x;
-          acc[2 * q + 1] += w * f.y;
-        }
-      }
-      uint4 out;
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
-      for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-      dst[c] = out;
-    }
-  }
-}
-
-// One warp per own token: partial rows summed in rank order 0..W-1; a token no rank holds
-// (every slot masked) gets a zero row.
-__global__ void owner_reduce_kernel(DevicePlanView plan, const uint4* combine_recv, const int32_t* token_count,
-                                    uint4* y, int hidden, int world, int t_max) {
-  const int tokens = min(*token_count, t_max);
-  const int lane = threadIdx.x % 32, chunks = hidden / 8;
-  for (int t = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; t < tokens; t += gridDim.x * kWarpsPerBlock) {
-    for (int c = lane; c < chunks; c += 32) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int d = 0; d < world; ++d) {
-        const int p = plan.send_pos[int64_t(t) * world + d];
-        if (p < 0) continue;
-        const uint4 v = combine_recv[(int64_t(d) * t_max + p) * chunks + c];
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-        for (int q = 0; q < 4; ++q) {
-          const float2 f = __bfloat1622float2(h[q]);
-          acc[2 * q] += f.x;
-          acc[2 * q + 1] += f.y;
-        }
-      }
-      uint4 out;
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
-      for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-      y[int64_t(t) * chunks + c] = out;
-    }
-  }
+__global__ void owner_reduce_kernel(const __grid_constant__ cuda::OwnerReduceArgs a) {
+  const int warps = int(blockDim.x) / 32;
+  cuda::owner_reduce_rows(a, int(blockIdx.x) * warps + int(threadIdx.x) / 32, int(gridDim.x) * warps);
 }
 
 template <class T>
@@ -152,8 +88,8 @@ struct MoeLayer::Impl {
     const int32_t** count_table = nullptr;  // [W] peers' token_count regions
     const int32_t** id_table = nullptr;
     const float** weight_table = nullptr;
-    // Epoch bookkeeping of the fused kernels, one allocation: tile base/target [MT] each, then
-    // column base/target [NB1] each (cuda/device_plan.h).
+    // Epoch bookkeeping of the fused kernels, one allocation: tile base/target [MT] each,
+    // column base/target [NB1] each (cuda/device_plan.h), then the combine work counter.
     uint64_t* epochs = nullptr;
   };
   std::vector<Rank> ranks;
@@ -179,7 +115,15 @@ struct MoeLayer::Impl {
     if (options.n_comm0 > 0) n_comm.n_comm0 = options.n_comm0;
     if (options.n_comm1 > 0) n_comm.n_comm1 = options.n_comm1;
   }
-  int64_t epoch_words() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1; }
+  int layer0_group_m() const {
+    if (options.layer0_group_m > 0) return options.layer0_group_m;
+    return options.fused ? kFusedLayer0GroupM : cuda::kRasterGroupM;
+  }
+  // Tile base/target [MT] each, column base/target [NB1] each, then the combine work counter.
+  int64_t epoch_words() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1 + 1; }
+  unsigned* combine_claims(int r) const {
+    return reinterpret_cast<unsigned*>(ranks[r].epochs + epoch_words() - 1);
+  }
   // GEMM arguments of rank r for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1).
   cuda::GroupedGemmArgs gemm_args(int r, int layer) const {
     const LayerConfig& c = config;
@@ -212,12 +156,8 @@ struct MoeLayer::Impl {
     run_combine(stream);
   }
   void run_dispatch(cudaStream_t stream) const {
-    const int W = config.layout.world, H = config.model.hidden;
-    const int64_t x_offset = layout.region("x").offset_bytes;
-    for (int r = 0; r < W; ++r) {
-      dispatch_pull_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
-          ranks[r].plan, fabric.peer_table(r), x_offset, reinterpret_cast<uint4*>(region(r, "a_rows")), H,
-          plan_layout.rows_per_token, W, r);
+    for (int r = 0; r < config.layout.world; ++r) {
+      dispatch_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(comm_args(r, 0, Signals::kOff));
       COMET_CUDA_CHECK_LAUNCH();
     }
   }
@@ -228,50 +168,81 @@ struct MoeLayer::Impl {
     }
   }
   void run_combine(cudaStream_t stream) const {
-    const int W = config.layout.world, H = config.model.hidden;
-    const int64_t combine_offset = layout.region("combine_recv").offset_bytes;
-    for (int r = 0; r < W; ++r) {
-      combine_push_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
-          ranks[r].plan, fabric.peer_table(r), combine_offset, reinterpret_cast<const uint4*>(region(r, "out_rows")),
-          H, plan_layout.rows_per_token, W, r, config.max_tokens_per_rank);
+    for (int r = 0; r < config.layout.world; ++r) {
+      combine_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(comm_args(r, 1, Signals::kOff));
       COMET_CUDA_CHECK_LAUNCH();
     }
+  }
+
+  enum class Signals { kOff, kOn };
+  // Every rank's plan kernel; with signals on, also this call's epoch targets (fused kernels).
+  void run_plans(Signals signals, cudaStream_t stream) const {
+    const int W = config.layout.world;
+    std::vector<cuda::DevicePlanArgs> args(W);
+    for (int r = 0; r < W; ++r) {
+      cuda::DevicePlanArgs& a = args[r];
+      a.rank = r;
+      a.token_counts = ranks[r].count_table;
+      a.route_ids = ranks[r].id_table;
+      a.route_weights = ranks[r].weight_table;
+      a.plan = ranks[r].plan;
+      a.error = ranks[r].error;
+      a.layer0_group_m = layer0_group_m();
+      if (signals == Signals::kOn) {
+        uint64_t* e = ranks[r].epochs;
+        const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
+        a.tile_base = e;
+        a.tile_target = e + mt;
+        a.col_base = e + 2 * mt;
+        a.col_target = e + 2 * mt + nb;
+        a.combine_claims = combine_claims(r);
+      }
+    }
+    cuda::build_device_plans(config, args.data(), W, stream);
+  }
+
+  // What the data movement of rank r's layer needs (cuda/comm_rows.cuh); with signals on, the
+  // fused kernels' counters and targets.
+  cuda::FusedCommArgs comm_args(int r, int layer, Signals signals) const {
+    cuda::FusedCommArgs f;
+    f.plan = ranks[r].plan;
+    f.peers = fabric.peer_table(r);
+    f.x_offset = layout.region("x").offset_bytes;
+    f.combine_offset = layout.region("combine_recv").offset_bytes;
+    f.a_rows = region(r, "a_rows");
+    f.out_rows = region(r, "out_rows");
+    f.hidden = config.model.hidden;
+    f.rows_per_token = plan_layout.rows_per_token;
+    f.world = config.layout.world;
+    f.rank = r;
+    f.t_max = config.max_tokens_per_rank;
+    f.num_col_blocks = int(plan_layout.n_blocks1);
+    f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
+    f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
+    f.stall = options.stall_rank == r;
+    f.timeout_ns = uint64_t(options.timeout_s * 1e9);
+    f.error = ranks[r].error;
+    if (signals == Signals::kOn) {
+      const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
+      if (layer == 0) f.tile_arrivals = reinterpret_cast<uint64_t*>(region(r, "tile_arrivals"));
+      else f.col_done = reinterpret_cast<uint64_t*>(region(r, "col_done"));
+      if (layer == 1) f.combine_claims = combine_claims(r);
+      f.col_target = ranks[r].epochs + 2 * mt + nb;
+    }
+    return f;
   }
 
   // Steps 3-5 as the two Comet kernels of every rank (cuda/fused_layer.h). On one GPU the ranks'
   // kernels run one after another: layer0 only pulls published rows and layer1 only pushes, so
   // no kernel waits on another rank's kernel.
   void run_fused(cudaStream_t stream) const {
-    const int W = config.layout.world;
-    const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
     for (int layer = 0; layer < 2; ++layer)
-      for (int r = 0; r < W; ++r) {
-        uint64_t* e = ranks[r].epochs;
-        cuda::FusedCommArgs f;
-        f.plan = ranks[r].plan;
-        f.peers = fabric.peer_table(r);
-        f.x_offset = layout.region("x").offset_bytes;
-        f.combine_offset = layout.region("combine_recv").offset_bytes;
-        f.a_rows = region(r, "a_rows");
-        f.out_rows = region(r, "out_rows");
-        f.tile_arrivals = reinterpret_cast<uint64_t*>(region(r, "tile_arrivals"));
-        f.col_done = reinterpret_cast<uint64_t*>(region(r, "col_done"));
-        f.col_target = e + 2 * mt + nb;
-        f.hidden = config.model.hidden;
-        f.rows_per_token = plan_layout.rows_per_token;
-        f.world = W;
-        f.rank = r;
-        f.t_max = config.max_tokens_per_rank;
-        f.num_col_blocks = int(nb);
-        f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
-        f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
-        f.stall = options.stall_rank == r;
-        f.timeout_ns = uint64_t(options.timeout_s * 1e9);
-        f.error = ranks[r].error;
+      for (int r = 0; r < config.layout.world; ++r) {
+        const cuda::FusedCommArgs f = comm_args(r, layer, Signals::kOn);
         cuda::GroupedGemmArgs g = gemm_args(r, layer);
         if (layer == 0) {
           g.wait_flags = f.tile_arrivals;
-          g.wait_targets = e + mt;
+          g.wait_targets = ranks[r].epochs + plan_layout.max_m_tiles;
           cuda::run_fused_layer0(g, f, stream);
         } else {
           g.done_flags = f.col_done;
@@ -314,6 +285,9 @@ Status MoeLayer::can_implement(const LayerConfig& c) {
                            std::to_string(c.model.hidden) + ", F/TP=" + std::to_string(c.ffn_per_rank()));
   if (c.model.topk > 16) return Status::failure("the CUDA backend supports topk <= 16, got " + std::to_string(c.model.topk));
   if (c.max_tokens_per_rank < 1) return Status::failure("max_tokens_per_rank must be >= 1");
+  if (c.layout.world > cuda::kMaxWorld)
+    return Status::failure("the CUDA backend supports at most " + std::to_string(cuda::kMaxWorld) + " ranks, got " +
+                           std::to_string(c.layout.world));
   return Status::success();
 }
 
@@ -363,6 +337,7 @@ void MoeLayer::set_options(const LayerOptions& o) {
               "MoeLayer: n_comm0 " << o.n_comm0 << " and n_comm1 " << o.n_comm1 << " must be in [0, " << num_sms - 1
                                    << "] (0 chooses; this GPU has " << num_sms << " SMs)");
   COMET_CHECK(o.timeout_s > 0, "MoeLayer: timeout must be positive, got " << o.timeout_s);
+  COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
   impl_->options = o;
   impl_->resolve_n_comm();
@@ -395,6 +370,8 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
   COMET_CHECK(impl_->have_weights, "MoeLayer: set weights and run forward() once before run_part()");
   if (part == Part::kGemms) {
     impl_->run_gemms(stream);
+  } else if (part == Part::kPlan) {
+    impl_->run_plans(Impl::Signals::kOff, stream);
   } else {
     impl_->run_dispatch(stream);
     impl_->run_combine(stream);
@@ -454,25 +431,8 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
                                      cudaMemcpyDeviceToDevice, stream));
     COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "token_count"), in[r].num_tokens, 4, cudaMemcpyDeviceToDevice, stream));
   }
-  // Step 2: plans.
-  for (int r = 0; r < W; ++r) {
-    cuda::DevicePlanArgs a;
-    a.rank = r;
-    a.token_counts = m.ranks[r].count_table;
-    a.route_ids = m.ranks[r].id_table;
-    a.route_weights = m.ranks[r].weight_table;
-    a.plan = m.ranks[r].plan;
-    a.error = m.ranks[r].error;
-    if (m.options.fused) {
-      uint64_t* e = m.ranks[r].epochs;
-      const int64_t mt = m.plan_layout.max_m_tiles, nb = m.plan_layout.n_blocks1;
-      a.tile_base = e;
-      a.tile_target = e + mt;
-      a.col_base = e + 2 * mt;
-      a.col_target = e + 2 * mt + nb;
-    }
-    cuda::build_device_plan(c, a, stream);
-  }
+  // Step 2: plans, every rank's in as few launches as possible.
+  m.run_plans(m.options.fused ? Impl::Signals::kOn : Impl::Signals::kOff, stream);
 
   // Steps 3-5: dispatch, the two GEMMs, combine. A fused launch that fails on the host after the
   // plan kernels advanced the epoch bases must not leave them advanced.
@@ -489,9 +449,15 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
   }
   // Step 6: owner reduce into the caller's y.
   for (int r = 0; r < W; ++r) {
-    owner_reduce_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(
-        m.ranks[r].plan, reinterpret_cast<const uint4*>(region(r, "combine_recv")),
-        reinterpret_cast<const int32_t*>(region(r, "token_count")), static_cast<uint4*>(in[r].y), H, W, Tm);
+    cuda::OwnerReduceArgs a;
+    a.send_pos = m.ranks[r].plan.send_pos;
+    a.combine_recv = region(r, "combine_recv");
+    a.token_count = reinterpret_cast<const int32_t*>(region(r, "token_count"));
+    a.y = in[r].y;
+    a.hidden = H;
+    a.world = W;
+    a.t_max = Tm;
+    owner_reduce_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(a);
     COMET_CUDA_CHECK_LAUNCH();
   }
 }

@@ -137,8 +137,16 @@ struct GroupedGemmKernel {
   }
 
   // The GEMM part of a persistent block: `gemm_block` of `num_gemm_blocks` GEMM blocks. Fused
-  // kernels call this from the blocks they give to the GEMM; all 384 threads must enter.
-  static __device__ void run_block(const Params& p, int gemm_block, int num_gemm_blocks, char* smem) {
+  // kernels call this from the blocks they give to the GEMM; all 384 threads must enter. The
+  // consumer threads call after_tiles() when their tiles are done: work placed there compiles
+  // in the consumers' register budget, not the producer's 40 (code after run_block returns
+  // could be reached from the producer path as far as ptxas can tell).
+  struct NoWork {
+    __device__ void operator()() const {}
+  };
+  template <class AfterTiles = NoWork>
+  static __device__ void run_block(const Params& p, int gemm_block, int num_gemm_blocks, char* smem,
+                                   const AfterTiles& after_tiles = {}) {
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
     const int thread_idx = int(threadIdx.x);
     const int warp_group = thread_idx / 128;
@@ -188,6 +196,7 @@ struct GroupedGemmKernel {
         }
       }
     }
+    after_tiles();
   }
 
   static __device__ void produce(const Params& p, SharedStorage& shared, Pipeline& pipeline, int gemm_block,

@@ -6,25 +6,31 @@
 
 namespace comet::cuda {
 
-// Tile i of an (m_total M tiles) x (num_n_blocks column blocks) grid -> (m, n).
-__host__ __device__ inline void raster_tile(TileOrder order, int64_t i, int m_total, int num_n_blocks, int& m,
-                                            int& n) {
+// Tile i of an (m_total M tiles) x (num_n_blocks column blocks) grid -> (m, n). `group` is the
+// height of a row-major group in M tiles, or the width of a column-major group in column blocks.
+__host__ __device__ inline void raster_tile(TileOrder order, int group, int64_t i, int m_total, int num_n_blocks,
+                                            int& m, int& n) {
   if (order == TileOrder::kRowMajor) {
-    // Groups of kRasterGroupM M tiles (the last may be smaller), column blocks outer.
-    const int64_t group_tiles = int64_t(kRasterGroupM) * num_n_blocks;
-    const int group = int(i / group_tiles), within = int(i % group_tiles);
-    const int rest = m_total - group * kRasterGroupM;
-    const int group_m = rest < kRasterGroupM ? rest : kRasterGroupM;
+    // Groups of `group` M tiles (the last may be smaller), column blocks outer.
+    const int64_t group_tiles = int64_t(group) * num_n_blocks;
+    const int g = int(i / group_tiles), within = int(i % group_tiles);
+    const int rest = m_total - g * group;
+    const int group_m = rest < group ? rest : group;
     n = within / group_m;
-    m = group * kRasterGroupM + within % group_m;
+    m = g * group + within % group_m;
   } else {
-    const int64_t group_tiles = int64_t(kRasterGroupN) * m_total;
-    const int group = int(i / group_tiles), within = int(i % group_tiles);
-    const int rest = num_n_blocks - group * kRasterGroupN;
-    const int group_n = rest < kRasterGroupN ? rest : kRasterGroupN;
+    const int64_t group_tiles = int64_t(group) * m_total;
+    const int g = int(i / group_tiles), within = int(i % group_tiles);
+    const int rest = num_n_blocks - g * group;
+    const int group_n = rest < group ? rest : group;
     m = within / group_n;
-    n = group * kRasterGroupN + within % group_n;
+    n = g * group + within % group_n;
   }
+}
+
+// The default group of each order (grouped_gemm.h).
+__host__ __device__ constexpr int default_raster_group(TileOrder order) {
+  return order == TileOrder::kRowMajor ? kRasterGroupM : kRasterGroupN;
 }
 
 }  // namespace comet::cuda

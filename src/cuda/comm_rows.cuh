@@ -1,0 +1,242 @@
+// cuda/comm_rows.cuh: the data movement of one rank's layer, written once and used twice: by
+// the communication blocks of the fused kernels (with signals) and by the unfused pipeline's
+// copy kernels (without). Same code, same arithmetic: fused and unfused are bitwise equal by
+// construction, not by two implementations agreeing.
+//
+//   dispatch  one warp per received token (ring order, own rows first): every lane loads
+//             kCopyUnroll 16-byte chunks of the owner's row before storing any of them, then
+//             stores them to every A row the token feeds; with tile_arrivals set, each lane
+//             owning one of those rows release-adds 1 to the row's M tile counter
+//   combine   one warp per item (column group, received token), column-group-major: the
+//             token's rows are summed in fp32 in slot order (acc = fma(w, x, acc)), kCombineUnroll
+//             chunks per lane at a time, rounded to bf16 once and stored into the owner's
+//             combine_recv slot; with col_done set, a warp acquire-waits every column block of
+//             a group once when it enters the group; with combine_claims set, warps claim
+//             items from a counter, so blocks that finish their GEMM tiles join in
+//
+// Why this shape (H200, docs/results/): a warp that loads one chunk per lane and stores it
+// before the next load is bound by load latency (~1 us per 512 bytes per warp); keeping 8
+// chunks per lane in flight gives each SM about 8x the bytes in flight.
+//
+// NOTES (memory ordering): dispatch lanes fence their row stores (__threadfence), the warp
+// synchronizes, then the lanes holding a row release-add; the GEMM producer's acquire plus
+// fence.proxy.async makes the rows visible to its TMA loads. In combine, lane 0 acquires, the
+// warp synchronizes, and every lane then reads the column block with ordinary loads.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "cuda/fused_layer.h"
+#include "cuda/grouped_gemm.h"
+#include "cuda/signal.cuh"
+
+namespace comet::cuda {
+
+inline constexpr int kCopyUnroll = 8;     // 16-byte chunks in flight per lane (dispatch)
+inline constexpr int kMaxRowsPerToken = 32;  // a token's local rows fit one warp's lanes
+inline constexpr int kMaxWorld = 64;         // ranks (recv_psum is staged in shared memory)
+
+// Ring position of received slot `slot` (largest p with psum[p] <= slot), psum in shared memory.
+__device__ __forceinline__ int ring_pos(const int32_t* psum, int world, int slot) {
+  int pos = 0;
+  while (pos + 1 < world && psum[pos + 1] <= slot) ++pos;
+  return pos;
+}
+
+// The block's copy of recv_psum [W + 1]; every thread of the block must call it.
+__device__ inline void load_recv_psum(const FusedCommArgs& f, int32_t* psum) {
+  for (int i = int(threadIdx.x); i <= f.world; i += int(blockDim.x)) psum[i] = f.plan.recv_psum[i];
+  __syncthreads();
+}
+
+// Dispatch: warp `warp` of `num_warps` moves slots warp, warp + num_warps, ...
+__device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {
+  const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
+  uint4* a_rows = static_cast<uint4*>(f.a_rows);
+  int pos = 0;  // slots only grow, so the ring position only advances
+  for (int slot = warp; slot < total; slot += num_warps) {
+    while (pos + 1 < f.world && psum[pos + 1] <= slot) ++pos;
+    const int src = (f.rank + pos) % f.world;
+    const int32_t* rows = f.plan.recv_rows + int64_t(slot) * f.rows_per_token;
+    const int my_row = lane < f.rows_per_token ? rows[lane] : -1;
+    const int num_rows = __popc(__ballot_sync(~0u, my_row >= 0));  // rows are -1 padded at the end
+    const uint4* x = reinterpret_cast<const uint4*>(static_cast<const char*>(f.peers[src]) + f.x_offset) +
+                     int64_t(f.plan.recv_token[slot]) * chunks;
+    for (int c0 = 0; c0 < chunks; c0 += 32 * kCopyUnroll) {
+      uint4 v[kCopyUnroll];
+#pragma unroll
+      for (int u = 0; u < kCopyUnroll; ++u) {
+        const int c = c0 + 32 * u + lane;
+        if (c < chunks) v[u] = x[c];  // read once over the link, written to every row it feeds
+      }
+      for (int j = 0; j < num_rows; ++j) {
+        uint4* dst = a_rows + int64_t(__shfl_sync(~0u, my_row, j)) * chunks;
+#pragma unroll
+        for (int u = 0; u < kCopyUnroll; ++u) {
+          const int c = c0 + 32 * u + lane;
+          if (c < chunks) dst[c] = v[u];
+        }
+      }
+    }
+    if (f.tile_arrivals != nullptr) {
+      __threadfence();
+      __syncwarp();
+      if (my_row >= 0) red_release_gpu(f.tile_arrivals + my_row / kGemmBlockM, 1);
+    }
+  }
+}
+
+// acc += w * x for the 8 bf16 values of one chunk (explicit fma: one rounding, one order).
+__device__ __forceinline__ void fma_chunk(float* acc, float w, const uint4& x) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 v = __bfloat1622float2(h[q]);
+    acc[2 * q] = __fmaf_rn(w, v.x, acc[2 * q]);
+    acc[2 * q + 1] = __fmaf_rn(w, v.y, acc[2 * q + 1]);
+  }
+}
+
+__device__ __forceinline__ uint4 to_bf16_chunk(const float* acc) {
+  uint4 out;
+  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+  return out;
+}
+
+// Combine items: (column group g, received slot), column-group-major, item = g * total + slot.
+// A column group is kCombineGroupBlocks layer1 column blocks: GEMM1's raster stores a group's
+// blocks together (TileOrder::kColumnBlockMajor), so waiting for the whole group costs little
+// and one item carries enough columns to keep kCopyUnroll chunks per lane in flight.
+inline constexpr int kCombineGroupBlocks = kRasterGroupN;
+inline constexpr int kCombineClaim = 2;   // items a warp claims at once from the work counter
+inline constexpr int kCombineUnroll = 4;  // 16-byte chunks per lane in flight per row (fp32
+                                          // accumulators bound it: 8 per chunk)
+
+__host__ __device__ inline int combine_groups(int num_col_blocks) {
+  return (num_col_blocks + kCombineGroupBlocks - 1) / kCombineGroupBlocks;
+}
+
+// Combine: with f.combine_claims set, warps claim items from that counter (any number of warps
+// of any block may join, e.g. GEMM blocks whose tiles are done); otherwise warp `warp` of
+// `num_warps` takes items warp, warp + num_warps, ... The arithmetic of an item does not depend
+// on who runs it.
+__device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {
+  const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
+  const int group_chunks = kCombineGroupBlocks * f.col_width / 8;
+  const int items = combine_groups(f.num_col_blocks) * total;  // < 2^31: W * T_max * groups
+  const uint4* out_rows = static_cast<const uint4*>(f.out_rows);
+  int ready_group = -1;  // the column group this warp last waited for
+  int next = warp, claim_end = 0;
+  while (true) {
+    // Step 1: the next item (claimed in batches from the counter, or the static stride).
+    int i;
+    if (f.combine_claims != nullptr) {
+      if (next >= claim_end) {
+        unsigned first = 0;
+        if (lane == 0) first = atomicAdd(f.combine_claims, unsigned(kCombineClaim));
+        next = int(__shfl_sync(~0u, first, 0));
+        claim_end = next + kCombineClaim;
+      }
+      i = next++;
+    } else {
+      i = next;
+      next += num_warps;
+    }
+    if (i >= items) break;
+    const int g = i / total, slot = i % total;
+    // Step 2: wait (once per group) until GEMM1 stored every tile of the group's column blocks.
+    if (f.col_done != nullptr && g != ready_group) {
+      if (lane == 0)
+        for (int j = g * kCombineGroupBlocks; j < min(f.num_col_blocks, (g + 1) * kCombineGroupBlocks); ++j) {
+          const WaitSite site{f.rank, 1, WaitRole::kCommColumnBlock, j};
+          if (!wait_at_least(f.col_done + j, f.col_target[j], f.timeout_ns, f.error, site)) break;
+        }
+      __syncwarp();
+      ready_group = g;
+    }
+    // Step 3: the token's rows and weights, one per lane, then its partial row for the group's
+    // columns: acc = sum over rows in slot order of w * x (fp32), one bf16 rounding.
+    const int pos = ring_pos(psum, f.world, slot);
+    const int owner = (f.rank + pos) % f.world, position = slot - psum[pos];
+    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(f.peers[owner]) + f.combine_offset) +
+                 (int64_t(f.rank) * f.t_max + position) * chunks;
+    const int my_row = lane < f.rows_per_token ? f.plan.recv_rows[int64_t(slot) * f.rows_per_token + lane] : -1;
+    const float my_weight = my_row >= 0 ? f.plan.recv_weight[int64_t(slot) * f.rows_per_token + lane] : 0.f;
+    const int num_rows = __popc(__ballot_sync(~0u, my_row >= 0));
+    const int c_end = min(chunks, (g + 1) * group_chunks);
+    for (int c0 = g * group_chunks; c0 < c_end; c0 += 32 * kCombineUnroll) {
+      float acc[8 * kCombineUnroll];
+#pragma unroll
+      for (int q = 0; q < 8 * kCombineUnroll; ++q) acc[q] = 0.f;
+      for (int r = 0; r < num_rows; ++r) {
+        const uint4* src = out_rows + int64_t(__shfl_sync(~0u, my_row, r)) * chunks;
+        const float w = __shfl_sync(~0u, my_weight, r);
+        uint4 v[kCombineUnroll];
+#pragma unroll
+        for (int u = 0; u < kCombineUnroll; ++u) {
+          const int c = c0 + 32 * u + lane;
+          if (c < c_end) v[u] = src[c];
+        }
+#pragma unroll
+        for (int u = 0; u < kCombineUnroll; ++u)
+          if (c0 + 32 * u + lane < c_end) fma_chunk(acc + 8 * u, w, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        const int c = c0 + 32 * u + lane;
+        if (c < c_end) dst[c] = to_bf16_chunk(acc + 8 * u);
+      }
+    }
+  }
+}
+
+// Owner reduce (after layer1, on the owner): one warp per own token; the partial rows of the
+// ranks the token was sent to, summed in fp32 in rank order 0..W-1 (one bf16 rounding); a
+// token sent nowhere (every slot masked) gets a zero row.
+struct OwnerReduceArgs {
+  const int32_t* send_pos = nullptr;     // [T_max][W] position in the send list to rank d, or -1
+  const void* combine_recv = nullptr;    // [W][T_max][H] bf16 partial rows, this rank's heap
+  const int32_t* token_count = nullptr;  // this call's own token count (device)
+  void* y = nullptr;                     // [T_max][H] bf16
+  int hidden = 0, world = 1, t_max = 0;
+};
+
+__device__ inline void owner_reduce_rows(const OwnerReduceArgs& a, int warp, int num_warps) {
+  const int tokens = min(*a.token_count, a.t_max);
+  const int lane = int(threadIdx.x) % 32, chunks = a.hidden / 8;
+  const uint4* partials = static_cast<const uint4*>(a.combine_recv);
+  uint4* y = static_cast<uint4*>(a.y);
+  for (int t = warp; t < tokens; t += num_warps) {
+    // Send positions, one per lane (two lanes' worth when W > 32).
+    const int32_t* pos = a.send_pos + int64_t(t) * a.world;
+    const int pos_lo = lane < a.world ? pos[lane] : -1, pos_hi = lane + 32 < a.world ? pos[lane + 32] : -1;
+    for (int c0 = 0; c0 < chunks; c0 += 32 * kCombineUnroll) {
+      float acc[8 * kCombineUnroll];
+#pragma unroll
+      for (int q = 0; q < 8 * kCombineUnroll; ++q) acc[q] = 0.f;
+      for (int d = 0; d < a.world; ++d) {
+        const int p = __shfl_sync(~0u, d < 32 ? pos_lo : pos_hi, d % 32);
+        if (p < 0) continue;
+        const uint4* src = partials + (int64_t(d) * a.t_max + p) * chunks;
+        uint4 v[kCombineUnroll];
+#pragma unroll
+        for (int u = 0; u < kCombineUnroll; ++u) {
+          const int c = c0 + 32 * u + lane;
+          if (c < chunks) v[u] = src[c];
+        }
+#pragma unroll
+        for (int u = 0; u < kCombineUnroll; ++u)
+          if (c0 + 32 * u + lane < chunks) fma_chunk(acc + 8 * u, 1.f, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        const int c = c0 + 32 * u + lane;
+        if (c < chunks) y[int64_t(t) * chunks + c] = to_bf16_chunk(acc + 8 * u);
+      }
+    }
+  }
+}
+
+}  // namespace comet::cuda
