@@ -4,6 +4,7 @@
 //   comet plan --model deepseek-v3 --ep 8 --rank 0  (dispatch plan and tile schedules)
 //   comet bench gemm --models mixtral-8x7b          (grouped GEMM vs cuBLAS, needs a GPU)
 //   comet bench layer --models mixtral-8x7b         (fused vs unfused vs compute-only, needs a GPU)
+//   comet launch -n 4 -- ./my_program               (4 processes with RANK, WORLD_SIZE set)
 //   comet run --help                                (every option of a subcommand)
 //
 // Every failure ends here as exactly one line `comet: error: <reason>` on stderr and an exit
@@ -47,9 +48,12 @@ int main(int argc, char** argv) {
   CLI::App* bench_gemm_cmd = nullptr;
   CLI::App* bench_layer_cmd = nullptr;
   add_bench_command(app, bench_options, &bench_gemm_cmd, bench_layer_options, &bench_layer_cmd);
+  LaunchOptions launch_options;
+  CLI::App* launch_cmd = add_launch_command(app, launch_options);
 
+  const int parse_end = launch_parse_end(argc, argv);
   try {
-    app.parse(argc, argv);
+    app.parse(parse_end, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     return fail(kExitUsage, std::string(e.what()) + " (see comet --help)");
@@ -60,6 +64,10 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return plan_command(plan_options);
     if (bench_gemm_cmd->parsed()) return bench_gemm_command(bench_options);
     if (bench_layer_cmd->parsed()) return bench_layer_command(bench_layer_options);
+    if (launch_cmd->parsed()) {
+      set_launch_command(launch_options, *launch_cmd, argc, argv, parse_end);
+      return launch_command(launch_options);
+    }
     return fail(kExitUsage, "no subcommand (see comet --help)");
   } catch (const UsageError& e) {
     return fail(kExitUsage, e.what());

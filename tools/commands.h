@@ -3,6 +3,7 @@
 //
 //   comet run  --model mixtral-8x7b --ep 8
 //   comet plan --model deepseek-v3 --ep 8 --rank 3
+//   comet launch -n 4 -- ./my_program --flag
 //
 // Bad input throws UsageError; main() turns it (and any other exception) into one line on
 // stderr and an exit code, so no subcommand prints errors itself.
@@ -70,5 +71,23 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& options, CLI::App** gem
                             CLI::App** layer);
 int bench_gemm_command(const BenchOptions& options);
 int bench_layer_command(const BenchLayerOptions& options);
+
+// comet launch: N processes of one command with RANK, WORLD_SIZE, ... set (tools/launch.h).
+// The command is what follows launch's options: after `--`, or from the first word that is not
+// an option. CLI11 hands a subcommand's `--` back to the parent app, which would reject the
+// words after it, so main() parses only argv[0, launch_parse_end) and set_launch_command
+// collects the command from what CLI11 left over plus the words after that `--`.
+struct LaunchOptions {
+  int num_ranks = 0;
+  double timeout_s = 0;
+  CLI::Option* num_ranks_opt = nullptr;
+  CLI::Option* timeout_opt = nullptr;
+  std::vector<std::string> command;
+};
+CLI::App* add_launch_command(CLI::App& app, LaunchOptions& options);
+int launch_parse_end(int argc, const char* const* argv);  // argc, or the index of launch's `--`
+void set_launch_command(LaunchOptions& options, const CLI::App& launch_cmd, int argc,
+                        const char* const* argv, int parse_end);
+int launch_command(const LaunchOptions& options);
 
 }  // namespace comet::tools

@@ -1,0 +1,575 @@
+// tools/launch.cpp: the process supervisor behind `comet launch` (contract in launch.h).
+//
+//   comet launch -n 4 --timeout-s 600 -- ./my_program --flag
+//
+// One thread, one poll() loop over every rank's stdout and stderr pipes plus a self-pipe that
+// the signal handler writes to (SIGCHLD, SIGINT, SIGTERM), so no event is missed between a
+// check and the wait. Output is cut into lines per (rank, stream) and each batch of whole lines
+// goes out in one write(2), so lines of different ranks never mix.
+//
+// Pitfalls handled here:
+// - A rank's leader process can exit while processes it started still hold its pipes open, so
+//   reaching EOF is not the end of a rank: its exit is seen with waitid(WNOWAIT), whatever is
+//   already in its pipes is read, and the pipes are closed.
+// - The leader is left a zombie until the end: its pid is its process group id, and a zombie
+//   keeps that id from being reused, so signalling the group (kill(-pid)) never hits a stranger.
+// - Between fork and exec the child must not run the launcher's signal handlers (they would
+//   write to the launcher's self-pipe): signals are blocked around fork, and the child restores
+//   the default dispositions (also SIGPIPE, ignored here, which exec would pass on) before
+//   unblocking them.
+// - An exec failure is reported through a close-on-exec pipe, so "command not found" is told
+//   apart from a program that exits with 127.
+#include "launch.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+
+extern char** environ;
+
+namespace comet::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kReadBytes = 64 * 1024;
+// A line longer than this is cut and forwarded as it is (a progress bar that only ever writes
+// '\r' must not grow without bound).
+constexpr size_t kMaxLineBytes = 64 * 1024;
+// Reads of an exited rank's pipes: enough for everything it wrote (a pipe holds 64 KiB by
+// default), bounded in case a process it left behind keeps writing.
+constexpr int kMaxDrainReads = 256;
+
+[[noreturn]] void throw_system(const std::string& what, int err) {
+  throw Error("launch: " + what + ": " + std::strerror(err));
+}
+
+// Everything, or as much as the reader takes: when whoever reads our stdout has gone away
+// (EPIPE) the rest is dropped, because the ranks must still be supervised to the end.
+void write_all(int fd, std::string_view text) {
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n > 0) {
+      p += n;
+      left -= size_t(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pfd{fd, POLLOUT, 0};
+      ::poll(&pfd, 1, 100);
+    } else {
+      return;
+    }
+  }
+}
+
+void report(const std::string& message) { write_all(2, "comet launch: error: " + message + "\n"); }
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+// ---- signals: handlers write one byte to a non-blocking self-pipe --------------------------
+int g_wake_write_fd = -1;
+volatile sig_atomic_t g_stop_signals = 0;  // SIGINT/SIGTERM received so far
+volatile sig_atomic_t g_last_stop_signal = 0;
+
+void on_signal(int sig) {
+  const int saved_errno = errno;
+  if (sig != SIGCHLD) {
+    g_last_stop_signal = sig;
+    g_stop_signals = g_stop_signals + 1;  // no nesting: sa_mask blocks the other handled signals
+  }
+  const char byte = 0;
+  const ssize_t ignored = ::write(g_wake_write_fd, &byte, 1);  // full pipe: a wake-up is pending
+  (void)ignored;
+  errno = saved_errno;
+}
+
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM};
+
+// Installs the handlers and the self-pipe for its lifetime; restores what was there before.
+class SignalScope {
+ public:
+  SignalScope() {
+    if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw_system("pipe", errno);
+    g_wake_write_fd = wake_[1];
+    g_stop_signals = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_NOCLDSTOP;  // a stopped rank is not an exited one
+    sigemptyset(&sa.sa_mask);
+    for (int sig : kHandledSignals) sigaddset(&sa.sa_mask, sig);
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i)
+      ::sigaction(kHandledSignals[i], &sa, &saved_[i]);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &ignore, &saved_pipe_);
+  }
+  ~SignalScope() {
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i)
+      ::sigaction(kHandledSignals[i], &saved_[i], nullptr);
+    ::sigaction(SIGPIPE, &saved_pipe_, nullptr);
+    g_wake_write_fd = -1;
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+  int wake_fd() const { return wake_[0]; }
+  void clear_wake() {
+    char buf[256];
+    while (::read(wake_[0], buf, sizeof buf) > 0) {
+    }
+  }
+
+ private:
+  int wake_[2] = {-1, -1};
+  struct sigaction saved_[std::size(kHandledSignals)] {};
+  struct sigaction saved_pipe_ {};
+};
+
+// ---- the private directory of COMET_BOOTSTRAP_FILE ------------------------------------------
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/comet-launch-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) throw_system("cannot create a directory like " + tmpl, errno);
+    path_ = tmpl;  // mkdtemp: mode 0700, so the file a rank writes there is private
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+int free_local_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) throw_system("socket for a free MASTER_PORT", errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;  // the kernel picks a free one
+  socklen_t len = sizeof addr;
+  if (::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(s);
+    throw_system("bind 127.0.0.1 for a free MASTER_PORT", err);
+  }
+  ::close(s);
+  return ntohs(addr.sin_port);
+}
+
+// ---- ranks ----------------------------------------------------------------------------------
+struct OutputStream {
+  int fd = -1;    // read end of the pipe; -1 once closed
+  int dest = 1;   // 1: stdout, 2: stderr
+  std::string partial;  // bytes after the last newline
+};
+
+struct Rank {
+  pid_t pid = -1;  // also its process group id
+  bool exited = false;  // the leader exited (seen with WNOWAIT: still a zombie)
+  bool reaped = false;
+  int exit_code = 0;    // exit status, or 128 + signal
+  int term_signal = 0;  // the signal that killed it, or 0
+  std::string prefix;
+  OutputStream streams[2];
+};
+
+enum class ReadResult { kData, kEmpty, kClosed };
+
+class Launcher {
+ public:
+  explicit Launcher(const LaunchSpec& spec) : spec_(spec), ranks_(size_t(spec.num_ranks)) {
+    devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull_ < 0) throw_system("open /dev/null", errno);
+    bootstrap_file_ = dir_.path() + "/bootstrap";
+    build_base_env();
+  }
+  ~Launcher() {
+    // Normal runs reap every rank; this is the path of an exception.
+    for (Rank& r : ranks_) {
+      if (r.pid > 0 && !r.reaped) {
+        ::kill(-r.pid, SIGKILL);
+        int status = 0;
+        while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {
+        }
+      }
+      for (OutputStream& s : r.streams)
+        if (s.fd >= 0) ::close(s.fd);
+    }
+    ::close(devnull_);
+  }
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  int run();
+
+ private:
+  void build_base_env();
+  void spawn(int rank);
+  void check_exits();
+  ReadResult read_once(Rank& r, OutputStream& s);
+  void forward(Rank& r, OutputStream& s, const char* data, size_t n);
+  void close_stream(Rank& r, OutputStream& s);
+  void drain(Rank& r);
+  void begin_stop(int sig, int exit_code);
+  void signal_groups(int sig);
+  bool all_exited() const;
+  std::string running_ranks_text() const;
+
+  const LaunchSpec spec_;
+  SignalScope signals_;
+  TempDir dir_;
+  std::string bootstrap_file_;
+  std::vector<std::string> base_env_;  // the caller's environment minus what launch sets
+  int devnull_ = -1;
+  std::vector<Rank> ranks_;
+  bool stopping_ = false;
+  bool killed_ = false;  // SIGKILL sent to every group
+  int exit_code_ = 0;
+  Clock::time_point kill_at_{};
+};
+
+void Launcher::build_base_env() {
+  static constexpr std::string_view kPerRank[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                  "LOCAL_WORLD_SIZE", "COMET_BOOTSTRAP_FILE"};
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view kv(*e);
+    const std::string_view name = kv.substr(0, kv.find('='));
+    if (std::find(std::begin(kPerRank), std::end(kPerRank), name) == std::end(kPerRank))
+      base_env_.emplace_back(kv);
+  }
+  // torchrun's rendezvous variables, for programs that initialize torch.distributed; a value
+  // the caller set (a multi-node job, say) is kept.
+  if (std::getenv("MASTER_ADDR") == nullptr) base_env_.emplace_back("MASTER_ADDR=127.0.0.1");
+  if (std::getenv("MASTER_PORT") == nullptr)
+    base_env_.push_back("MASTER_PORT=" + std::to_string(free_local_port()));
+}
+
+void Launcher::spawn(int rank) {
+  Rank& r = ranks_[size_t(rank)];
+  r.prefix = "[rank " + std::to_string(rank) + "] ";
+
+  // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> env = base_env_;
+  const std::string world = std::to_string(spec_.num_ranks);
+  env.push_back("RANK=" + std::to_string(rank));
+  env.push_back("WORLD_SIZE=" + world);
+  env.push_back("LOCAL_RANK=" + std::to_string(rank));
+  env.push_back("LOCAL_WORLD_SIZE=" + world);
+  env.push_back("COMET_BOOTSTRAP_FILE=" + bootstrap_file_);
+  std::vector<char*> envp, argv;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = spec_.argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw_system("pipe", errno);
+  r.streams[0] = {out_pipe[0], 1, {}};
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::close(out_pipe[1]);
+    throw_system("pipe", err);
+  }
+  r.streams[1] = {err_pipe[0], 2, {}};
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    throw_system("pipe", err);
+  }
+
+  sigset_t all, saved_mask;
+  sigfillset(&all);
+  ::sigprocmask(SIG_BLOCK, &all, &saved_mask);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : kHandledSignals) ::sigaction(sig, &dfl, nullptr);
+    ::sigaction(SIGPIPE, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::setpgid(0, 0);
+    ::dup2(devnull_, 0);
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    environ = envp.data();
+    ::execvp(argv[0], argv.data());
+    const int err = errno;
+    const ssize_t ignored = ::write(exec_pipe[1], &err, sizeof err);
+    (void)ignored;
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  ::sigprocmask(SIG_SETMASK, &saved_mask, nullptr);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  ::close(exec_pipe[1]);
+  if (pid < 0) {
+    ::close(exec_pipe[0]);
+    throw_system("fork of rank " + std::to_string(rank), fork_errno);
+  }
+  r.pid = pid;
+
+  // EOF: exec succeeded (the pipe closed with it); an int: the child's errno from execvp.
+  int exec_errno = 0;
+  ssize_t n = 0;
+  while ((n = ::read(exec_pipe[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+  }
+  ::close(exec_pipe[0]);
+  if (n == ssize_t(sizeof exec_errno)) {
+    const std::string& cmd = spec_.argv[0];
+    const bool searched = cmd.find('/') == std::string::npos;
+    const std::string why = exec_errno == ENOENT && searched ? "command not found (searched PATH)"
+                                                             : std::strerror(exec_errno);
+    throw LaunchExecError("launch: rank " + std::to_string(rank) + " cannot run \"" + cmd + "\": " + why);
+  }
+  for (OutputStream& s : r.streams) ::fcntl(s.fd, F_SETFL, ::fcntl(s.fd, F_GETFL) | O_NONBLOCK);
+}
+
+void Launcher::forward(Rank& r, OutputStream& s, const char* data, size_t n) {
+  s.partial.append(data, n);
+  std::string text;
+  size_t begin = 0;
+  for (size_t nl; (nl = s.partial.find('\n', begin)) != std::string::npos; begin = nl + 1) {
+    text += r.prefix;
+    text.append(s.partial, begin, nl + 1 - begin);
+  }
+  s.partial.erase(0, begin);
+  if (s.partial.size() >= kMaxLineBytes) {
+    text += r.prefix + s.partial + "\n";
+    s.partial.clear();
+  }
+  if (!text.empty()) write_all(s.dest, text);
+}
+
+ReadResult Launcher::read_once(Rank& r, OutputStream& s) {
+  char buf[kReadBytes];
+  ssize_t n = 0;
+  while ((n = ::read(s.fd, buf, sizeof buf)) < 0 && errno == EINTR) {
+  }
+  if (n > 0) {
+    forward(r, s, buf, size_t(n));
+    return ReadResult::kData;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ReadResult::kEmpty;
+  return ReadResult::kClosed;  // EOF, or a read error that will not go away
+}
+
+void Launcher::close_stream(Rank& r, OutputStream& s) {
+  if (!s.partial.empty()) write_all(s.dest, r.prefix + s.partial + "\n");
+  s.partial.clear();
+  ::close(s.fd);
+  s.fd = -1;
+}
+
+void Launcher::drain(Rank& r) {
+  for (OutputStream& s : r.streams) {
+    if (s.fd < 0) continue;
+    for (int i = 0; i < kMaxDrainReads && read_once(r, s) == ReadResult::kData; ++i) {
+    }
+    close_stream(r, s);
+  }
+}
+
+void Launcher::signal_groups(int sig) {
+  // Exited leaders too: their groups may hold processes they started.
+  for (const Rank& r : ranks_)
+    if (r.pid > 0 && !r.reaped) ::kill(-r.pid, sig);
+}
+
+void Launcher::begin_stop(int sig, int exit_code) {
+  stopping_ = true;
+  exit_code_ = exit_code;
+  kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.grace_s));
+  signal_groups(sig);
+}
+
+bool Launcher::all_exited() const {
+  for (const Rank& r : ranks_)
+    if (!r.exited) return false;
+  return true;
+}
+
+std::string Launcher::running_ranks_text() const {
+  std::string list;
+  int count = 0;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i].exited) continue;
+    list += (count++ ? ", " : "") + std::to_string(i);
+  }
+  return (count == 1 ? "rank " : "ranks ") + list;
+}
+
+void Launcher::check_exits() {
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    if (r.exited) continue;
+    siginfo_t info{};
+    if (::waitid(P_PID, id_t(r.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+      if (errno == EINTR) continue;  // looked at again in the next round
+      throw_system("waitid for rank " + std::to_string(i), errno);
+    }
+    if (info.si_pid != r.pid) continue;  // still running
+    r.exited = true;
+    if (info.si_code == CLD_EXITED) {
+      r.exit_code = info.si_status;
+    } else {
+      r.term_signal = info.si_status;
+      r.exit_code = 128 + info.si_status;
+    }
+    // Its output comes before any line about its end.
+    drain(r);
+    if (r.exit_code != 0 && !stopping_) {
+      const std::string how = r.term_signal ? "killed by signal " + signal_name(r.term_signal)
+                                            : "exited with status " + std::to_string(r.exit_code);
+      report("rank " + std::to_string(i) + " " + how + " (stopping the other ranks)");
+      begin_stop(SIGTERM, r.exit_code);
+    }
+  }
+}
+
+int Launcher::run() {
+  for (int i = 0; i < spec_.num_ranks; ++i) spawn(i);
+  const bool has_timeout = spec_.timeout_s > 0;
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.timeout_s));
+  sig_atomic_t stop_signals_seen = 0;
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Rank*, OutputStream*>> fd_owner;
+
+  for (;;) {
+    check_exits();
+    if (all_exited()) {
+      // A stop also ends whatever the ranks left behind in their groups.
+      if (stopping_) signal_groups(SIGKILL);
+      break;
+    }
+
+    if (g_stop_signals != stop_signals_seen) {
+      stop_signals_seen = g_stop_signals;
+      const int sig = g_last_stop_signal;
+      if (!stopping_) {
+        report("interrupted by " + signal_name(sig) + " (forwarded to every rank; stopping them)");
+        begin_stop(sig, 128 + sig);
+      } else if (!killed_) {
+        signal_groups(SIGKILL);  // asked twice: no more grace
+        killed_ = true;
+      }
+    }
+    const Clock::time_point now = Clock::now();
+    if (!stopping_ && has_timeout && now >= deadline) {
+      report("timeout after " + seconds_text(spec_.timeout_s) + " s: " + running_ranks_text() +
+             " still running (stopping them)");
+      begin_stop(SIGTERM, kLaunchExitTimeout);
+    }
+    if (stopping_ && !killed_ && now >= kill_at_) {
+      signal_groups(SIGKILL);
+      killed_ = true;
+    }
+
+    // Wait for output, a signal (a rank's exit is SIGCHLD) or the next deadline.
+    int wait_ms = -1;
+    const auto ms_until = [&](Clock::time_point t) {
+      return int(std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(t - now).count()));
+    };
+    if (!stopping_ && has_timeout) wait_ms = ms_until(deadline);
+    if (stopping_ && !killed_) wait_ms = ms_until(kill_at_);
+    fds.assign(1, pollfd{signals_.wake_fd(), POLLIN, 0});
+    fd_owner.assign(1, {nullptr, nullptr});
+    for (Rank& r : ranks_)
+      for (OutputStream& s : r.streams)
+        if (s.fd >= 0) {
+          fds.push_back(pollfd{s.fd, POLLIN, 0});
+          fd_owner.emplace_back(&r, &s);
+        }
+    if (::poll(fds.data(), nfds_t(fds.size()), wait_ms) < 0) {
+      if (errno == EINTR) continue;
+      throw_system("poll", errno);
+    }
+    if (fds[0].revents) signals_.clear_wake();
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      auto [rank, stream] = fd_owner[k];
+      if (read_once(*rank, *stream) == ReadResult::kClosed) close_stream(*rank, *stream);
+    }
+  }
+
+  for (Rank& r : ranks_) {
+    int status = 0;
+    while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    r.reaped = true;
+  }
+  return exit_code_;
+}
+
+// Writes nothing to the fds 0-2 of this process, but pipes created while one of them is closed
+// would take its number, and dup2 onto it in the child would then be a no-op.
+void ensure_standard_fds_open() {
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) ::open("/dev/null", O_RDWR);
+}
+
+}  // namespace
+
+std::string signal_name(int sig) {
+  static constexpr std::pair<int, const char*> kNames[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+  for (const auto& [number, name] : kNames)
+    if (number == sig) return name;
+  return "signal " + std::to_string(sig);
+}
+
+int launch_ranks(const LaunchSpec& spec) {
+  COMET_CHECK(spec.num_ranks >= 1 && spec.num_ranks <= kMaxLaunchRanks,
+              "launch: " << spec.num_ranks << " ranks; between 1 and " << kMaxLaunchRanks << " are supported");
+  COMET_CHECK(!spec.argv.empty() && !spec.argv[0].empty(), "launch: no command to run");
+  COMET_CHECK(spec.timeout_s >= 0 && spec.timeout_s <= kMaxLaunchTimeoutS,
+              "launch: timeout " << spec.timeout_s << " s is not within [0, " << kMaxLaunchTimeoutS << "]");
+  COMET_CHECK(spec.grace_s >= 0 && spec.grace_s <= 3600, "launch: grace " << spec.grace_s << " s is not within [0, 3600]");
+  ensure_standard_fds_open();
+  Launcher launcher(spec);
+  return launcher.run();
+}
+
+}  // namespace comet::tools

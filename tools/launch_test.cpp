@@ -1,0 +1,317 @@
+// tools/launch_test.cpp: `comet launch` through the built binary (COMET_EXE), with sh scripts as
+// the ranks (label unit).
+//
+//   ctest --test-dir build -R Launch
+//
+// Each test runs one shell script with $COMET (the binary) and $WORK (a fresh directory)
+// set, capturing stdout and stderr apart. Ranks that would sleep 60 s show that a stop really
+// stops them: the elapsed-time bounds are far from both the stop (milliseconds) and the sleep.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#ifndef COMET_EXE
+#error "COMET_EXE must name the comet binary"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kStopWithinS = 20;  // a stopped sleep-60 rank ends long before this
+
+struct Outcome {
+  int code = -1;  // exit code of the script (its last command), -1 when it did not exit
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::stringstream ss(text);
+  for (std::string line; std::getline(ss, line);) lines.push_back(line);
+  return lines;
+}
+
+std::vector<std::string> sorted_lines(const std::string& text) {
+  std::vector<std::string> lines = lines_of(text);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Gone, or a zombie nobody has reaped yet (a container's pid 1 may never reap): not running.
+bool process_running(const std::string& pid) {
+  const std::string stat = read_text("/proc/" + pid + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// A signal is delivered after kill() returns: a process sent SIGKILL may run a moment longer.
+bool process_ends_within(const std::string& pid, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (process_running(pid)) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    ::usleep(10000);
+  }
+  return true;
+}
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "comet-launch-test-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    work_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(work_, ignored);
+  }
+
+  Outcome sh(const std::string& script) {
+    const fs::path out = work_ / "captured.stdout", err = work_ / "captured.stderr";
+    const std::string command = "COMET='" COMET_EXE "'; WORK='" + work_.string() +
+                                "'; export COMET WORK; {\n" + script + "\n} >'" + out.string() + "' 2>'" +
+                                err.string() + "'";
+    const auto start = std::chrono::steady_clock::now();
+    const int status = std::system(command.c_str());
+    Outcome o;
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    o.code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    o.out = read_text(out);
+    o.err = read_text(err);
+    return o;
+  }
+
+  // The launcher's temporary directories left in $WORK (TMPDIR points there).
+  std::vector<std::string> leftover_launch_dirs() const {
+    std::vector<std::string> dirs;
+    for (const auto& entry : fs::directory_iterator(work_))
+      if (entry.path().filename().string().rfind("comet-launch-", 0) == 0) dirs.push_back(entry.path());
+    return dirs;
+  }
+
+  fs::path work_;
+};
+
+std::string shown(const Outcome& o) {
+  return "exit " + std::to_string(o.code) + " after " + std::to_string(o.seconds) + " s\nstdout:\n" + o.out +
+         "\nstderr:\n" + o.err;
+}
+
+TEST_F(LaunchTest, EveryRankGetsItsRankVariables) {
+  const Outcome o = sh(R"(unset MASTER_ADDR MASTER_PORT
+RANK=99 WORLD_SIZE=7 COMET_TEST_MARK=kept "$COMET" launch -n 3 -- sh -c \
+  'echo $RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE $COMET_TEST_MARK $MASTER_ADDR; echo port $MASTER_PORT >&2')");
+  ASSERT_EQ(o.code, 0) << shown(o);
+  EXPECT_EQ(sorted_lines(o.out), (std::vector<std::string>{"[rank 0] 0/3/0/3 kept 127.0.0.1",
+                                                           "[rank 1] 1/3/1/3 kept 127.0.0.1",
+                                                           "[rank 2] 2/3/2/3 kept 127.0.0.1"}))
+      << shown(o);
+  // One free port, the same for every rank.
+  const std::vector<std::string> ports = sorted_lines(o.err);
+  ASSERT_EQ(ports.size(), 3u) << shown(o);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(ports[0], m, std::regex(R"(\[rank 0\] port ([0-9]+))"))) << shown(o);
+  const std::string port = m[1];
+  EXPECT_GT(std::stoi(port), 0);
+  EXPECT_LT(std::stoi(port), 65536);
+  EXPECT_EQ(ports[1], "[rank 1] port " + port);
+  EXPECT_EQ(ports[2], "[rank 2] port " + port);
+}
+
+TEST_F(LaunchTest, CallerRendezvousIsKept) {
+  const Outcome o = sh(R"(MASTER_ADDR=10.1.2.3 MASTER_PORT=1234 "$COMET" launch -n 2 -- sh -c 'echo $MASTER_ADDR:$MASTER_PORT')");
+  ASSERT_EQ(o.code, 0) << shown(o);
+  EXPECT_EQ(sorted_lines(o.out), (std::vector<std::string>{"[rank 0] 10.1.2.3:1234", "[rank 1] 10.1.2.3:1234"}));
+}
+
+TEST_F(LaunchTest, BootstrapFileIsSharedPrivateAndRemoved) {
+  // Rank 0 publishes an id the way the NCCL fabric does (write, then rename); the others wait
+  // for it. The launcher's --timeout-s bounds the wait if the path were not shared.
+  const Outcome o = sh(R"sh(TMPDIR="$WORK" "$COMET" launch -n 3 --timeout-s 30 -- sh -c '
+f=$COMET_BOOTSTRAP_FILE
+if [ "$RANK" = 0 ]; then
+  if [ -e "$f" ]; then echo present; else echo absent; fi
+  ls -ld "$(dirname "$f")" | cut -c1-10
+  echo id-42 > "$f.tmp" && mv "$f.tmp" "$f"
+else
+  while [ ! -e "$f" ]; do sleep 0.01; done
+fi
+echo "file $f $(cat "$f")"')sh");
+  ASSERT_EQ(o.code, 0) << shown(o);
+  EXPECT_EQ(o.err, "");
+  const std::vector<std::string> lines = lines_of(o.out);
+  EXPECT_EQ(count_of(o.out, "[rank 0] absent\n"), 1u) << shown(o);
+  EXPECT_EQ(count_of(o.out, "[rank 0] drwx------\n"), 1u) << shown(o);
+  std::vector<std::string> paths;
+  for (int r = 0; r < 3; ++r) {
+    const std::regex re("\\[rank " + std::to_string(r) + "\\] file (.*) id-42");
+    for (const std::string& line : lines) {
+      std::smatch m;
+      if (std::regex_match(line, m, re)) paths.push_back(m[1]);
+    }
+  }
+  ASSERT_EQ(paths.size(), 3u) << shown(o);
+  EXPECT_EQ(paths[0], paths[1]);
+  EXPECT_EQ(paths[0], paths[2]);
+  const fs::path dir = fs::path(paths[0]).parent_path();
+  EXPECT_EQ(dir.parent_path(), work_) << paths[0];
+  EXPECT_FALSE(fs::exists(dir)) << "the launcher left " << dir;
+  EXPECT_TRUE(leftover_launch_dirs().empty());
+}
+
+TEST_F(LaunchTest, StderrIsPrefixedAndPartialLinesAreFlushed) {
+  const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c 'echo out $RANK; echo err $RANK >&2; printf "tail $RANK"; printf "etail $RANK" >&2')");
+  ASSERT_EQ(o.code, 0) << shown(o);
+  EXPECT_EQ(sorted_lines(o.out),
+            (std::vector<std::string>{"[rank 0] out 0", "[rank 0] tail 0", "[rank 1] out 1", "[rank 1] tail 1"}));
+  EXPECT_EQ(sorted_lines(o.err),
+            (std::vector<std::string>{"[rank 0] err 0", "[rank 0] etail 0", "[rank 1] err 1", "[rank 1] etail 1"}));
+  EXPECT_EQ(o.out.back(), '\n');
+  EXPECT_EQ(o.err.back(), '\n');
+  // A rank's lines keep their order.
+  EXPECT_LT(o.out.find("[rank 0] out 0"), o.out.find("[rank 0] tail 0"));
+}
+
+TEST_F(LaunchTest, LinesOfDifferentRanksNeverMix) {
+  // yes(1) writes in large blocks, so lines arrive cut at arbitrary places in every read.
+  const Outcome o = sh(R"("$COMET" launch -n 4 -- sh -c 'yes "line of rank $RANK: abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789" | head -n 20000')");
+  ASSERT_EQ(o.code, 0) << "exit " << o.code << "\nstderr:\n" << o.err;
+  const std::regex re(R"(\[rank ([0-3])\] line of rank \1: abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789)");
+  int per_rank[4] = {0, 0, 0, 0};
+  int bad = 0;
+  for (const std::string& line : lines_of(o.out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, re)) {
+      ++per_rank[std::stoi(m[1])];
+    } else if (++bad <= 3) {
+      ADD_FAILURE() << "malformed line: " << line;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(per_rank[r], 20000) << "rank " << r;
+}
+
+TEST_F(LaunchTest, FailingRankStopsTheOthers) {
+  const Outcome o = sh(R"("$COMET" launch -n 3 -- sh -c 'if [ "$RANK" = 1 ]; then echo failing >&2; exit 3; fi; sleep 60')");
+  EXPECT_EQ(o.code, 3) << shown(o);
+  EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
+  const std::string line = "comet launch: error: rank 1 exited with status 3 (stopping the other ranks)\n";
+  EXPECT_EQ(count_of(o.err, line), 1u) << shown(o);
+  EXPECT_EQ(count_of(o.err, "comet launch: error:"), 1u) << shown(o);
+  // The rank's own output comes before the line about its end.
+  EXPECT_LT(o.err.find("[rank 1] failing\n"), o.err.find(line)) << shown(o);
+}
+
+TEST_F(LaunchTest, RankKilledBySignal) {
+  const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c 'if [ "$RANK" = 1 ]; then kill -KILL $$; fi; sleep 60')");
+  EXPECT_EQ(o.code, 128 + 9) << shown(o);
+  EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
+  EXPECT_EQ(count_of(o.err, "comet launch: error: rank 1 killed by signal SIGKILL (stopping the other ranks)\n"), 1u)
+      << shown(o);
+}
+
+TEST_F(LaunchTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  // Rank 0 and the sleeps it starts ignore SIGTERM: only the SIGKILL after the 3 s grace ends it.
+  const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c '
+if [ "$RANK" = 1 ]; then sleep 0.2; exit 4; fi
+trap "" TERM
+while true; do sleep 0.1; done')");
+  EXPECT_EQ(o.code, 4) << shown(o);
+  EXPECT_GE(o.seconds, 2.5) << shown(o);
+  EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
+  EXPECT_EQ(count_of(o.err, "comet launch: error: rank 1 exited with status 4"), 1u) << shown(o);
+}
+
+TEST_F(LaunchTest, TimeoutNamesTheRanksStillRunning) {
+  const Outcome o = sh(R"("$COMET" launch -n 3 --timeout-s 1 -- sh -c 'if [ "$RANK" = 0 ]; then echo done; exit 0; fi; sleep 60')");
+  EXPECT_EQ(o.code, 124) << shown(o);
+  EXPECT_GE(o.seconds, 0.9) << shown(o);
+  EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
+  EXPECT_EQ(o.out, "[rank 0] done\n");
+  EXPECT_EQ(count_of(o.err, "comet launch: error: timeout after 1 s: ranks 1, 2 still running (stopping them)\n"), 1u)
+      << shown(o);
+}
+
+// SIGINT and SIGTERM to the launcher reach every rank, and what the ranks started in the
+// background (which a non-interactive sh starts with SIGINT ignored) ends too.
+class LaunchSignalTest : public LaunchTest, public ::testing::WithParamInterface<std::pair<const char*, int>> {};
+
+TEST_P(LaunchSignalTest, SignalIsForwardedAndEveryRankStops) {
+  const std::string sig = GetParam().first;
+  // Each rank reports ready once its trap is set; the script then signals the launcher.
+  const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c '
+trap "echo got )" + sig + R"(; exit 7" )" + sig + R"(
+sleep 60 &
+echo $! > "$WORK/background.$RANK"
+touch "$WORK/ready.$RANK"
+wait' &
+launcher=$!
+i=0
+while [ $i -lt 400 ] && ! { [ -e "$WORK/ready.0" ] && [ -e "$WORK/ready.1" ]; }; do sleep 0.05; i=$((i+1)); done
+kill -)" + sig + R"( $launcher
+wait $launcher)");
+  EXPECT_EQ(o.code, 128 + GetParam().second) << shown(o);
+  EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
+  EXPECT_EQ(count_of(o.out, "[rank 0] got " + sig + "\n"), 1u) << shown(o);
+  EXPECT_EQ(count_of(o.out, "[rank 1] got " + sig + "\n"), 1u) << shown(o);
+  EXPECT_EQ(count_of(o.err, "comet launch: error: interrupted by SIG" + sig + " (forwarded to every rank"), 1u)
+      << shown(o);
+  for (int r = 0; r < 2; ++r) {
+    std::string pid = read_text(work_ / ("background." + std::to_string(r)));
+    pid.erase(pid.find_last_not_of(" \n") + 1);
+    ASSERT_FALSE(pid.empty());
+    EXPECT_TRUE(process_ends_within(pid, 5)) << "rank " << r << "'s background sleep " << pid << " survived";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest,
+                         ::testing::Values(std::make_pair("TERM", SIGTERM), std::make_pair("INT", SIGINT)),
+                         [](const auto& info) { return std::string(info.param.first); });
+
+TEST_F(LaunchTest, ExecFailureIsOneErrorLineAndLeavesNothing) {
+  const Outcome o = sh(R"(TMPDIR="$WORK" "$COMET" launch -n 3 -- comet-no-such-command --flag)");
+  EXPECT_EQ(o.code, 2) << shown(o);
+  EXPECT_EQ(o.out, "");
+  EXPECT_EQ(o.err, "comet: error: launch: rank 0 cannot run \"comet-no-such-command\": command not found (searched PATH)\n");
+  EXPECT_TRUE(leftover_launch_dirs().empty());
+}
+
+TEST_F(LaunchTest, ProgramArgumentsAreNotParsed) {
+  // After `--` (or from the first word that is not an option) everything is the program's,
+  // including its own `--` and options that launch also has.
+  const Outcome a = sh(R"("$COMET" launch -n 1 -- sh -c 'printf "%s\n" "$*"' zero -n 5 -- --timeout-s x)");
+  ASSERT_EQ(a.code, 0) << shown(a);
+  EXPECT_EQ(a.out, "[rank 0] -n 5 -- --timeout-s x\n");
+  const Outcome b = sh(R"("$COMET" launch -n 1 sh -c 'printf "%s\n" "$*"' zero -n 5 -- --timeout-s x)");
+  ASSERT_EQ(b.code, 0) << shown(b);
+  EXPECT_EQ(b.out, "[rank 0] -n 5 -- --timeout-s x\n");
+}
+
+}  // namespace
