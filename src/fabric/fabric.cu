@@ -1,30 +1,81 @@
-// Loopback and Local fabrics.
+// The Fabric base class (argument checks of all_to_all_v), the Loopback and Local fabrics, and
+// make_nccl_fabric() for builds without NCCL. The Nccl fabric is in nccl_fabric.cu.
+#include <algorithm>
 #include <vector>
 
-#include "cuda/check.h"
+#include "core/process_env.h"
 #include "fabric/fabric.h"
+#include "fabric/fabric_util.h"
 
 namespace comet::fabric {
 
-namespace {
+using detail::DeviceGuard;
+using detail::kHeapAlign;
+using detail::round_up;
+using detail::visible_devices;
 
-int64_t round_up(int64_t n) { return (n + 255) / 256 * 256; }
-
-int visible_devices() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return count;
+void Fabric::check_local(int rank, const char* what) const {
+  COMET_CHECK(is_local(rank), name() << " fabric: " << what << "(" << rank << "): rank " << rank
+                                     << " is not driven by this process (its ranks are " << first_local_rank()
+                                     << ".." << first_local_rank() + num_local_ranks() - 1 << " of " << world()
+                                     << ")");
 }
 
-// Restores the caller's current device on scope exit.
-struct DeviceGuard {
-  int saved = 0;
-  DeviceGuard() { COMET_CUDA_CHECK(cudaGetDevice(&saved)); }
-  ~DeviceGuard() { cudaSetDevice(saved); }
-};
+void Fabric::all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream) {
+  const int W = world(), n = num_local_ranks(), first = first_local_rank();
+  COMET_CHECK(local_ranks != nullptr, "all_to_all_v: null argument array");
+  for (int i = 0; i < n; ++i) {
+    const AllToAllVArgs& a = local_ranks[i];
+    const int r = first + i;
+    COMET_CHECK(a.send_bytes && a.send_offsets && a.recv_bytes && a.recv_offsets,
+                "all_to_all_v: rank " << r << " passes a null size or offset array");
+    int64_t sent = 0, received = 0;
+    for (int p = 0; p < W; ++p) {
+      COMET_CHECK(a.send_bytes[p] >= 0 && a.send_offsets[p] >= 0 && a.recv_bytes[p] >= 0 && a.recv_offsets[p] >= 0,
+                  "all_to_all_v: rank " << r << ", peer " << p << ": negative size or offset (send "
+                                        << a.send_bytes[p] << " at " << a.send_offsets[p] << ", receive "
+                                        << a.recv_bytes[p] << " at " << a.recv_offsets[p] << ")");
+      sent += a.send_bytes[p];
+      received += a.recv_bytes[p];
+    }
+    COMET_CHECK(sent == 0 || a.send, "all_to_all_v: rank " << r << " sends " << sent << " bytes from a null buffer");
+    COMET_CHECK(received == 0 || a.recv,
+                "all_to_all_v: rank " << r << " receives " << received << " bytes into a null buffer");
+  }
+  // With every rank here, both sides of each pair are visible: check that they agree.
+  if (n == W)
+    for (int p = 0; p < W; ++p)
+      for (int q = 0; q < W; ++q)
+        COMET_CHECK(local_ranks[p].send_bytes[q] == local_ranks[q].recv_bytes[p],
+                    "all_to_all_v: rank " << p << " sends " << local_ranks[p].send_bytes[q] << " bytes to rank " << q
+                                          << ", which expects " << local_ranks[q].recv_bytes[p]);
+  run_all_to_all_v(local_ranks, stream);
+}
+
+void Fabric::all_to_all_v(const void* send, const int64_t* send_bytes, const int64_t* send_offsets, void* recv,
+                          const int64_t* recv_bytes, const int64_t* recv_offsets, CUstream_st* stream) {
+  COMET_CHECK(num_local_ranks() == 1, "all_to_all_v with one rank's buffers needs a fabric with one local rank (Nccl, "
+                                      "or W = 1); this "
+                                          << name() << " fabric drives " << num_local_ranks()
+                                          << ": pass one AllToAllVArgs per local rank");
+  const AllToAllVArgs args{send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets};
+  all_to_all_v(&args, stream);
+}
+
+namespace {
+
+// Loopback and Local: every rank is in this process, so the exchange is W*W slice copies.
+// cudaMemcpyDefault lets unified addressing pick the route (same device, or peer-to-peer).
+void copy_all_to_all(const AllToAllVArgs* ranks, int world, cudaStream_t stream) {
+  for (int p = 0; p < world; ++p)
+    for (int q = 0; q < world; ++q) {
+      const int64_t bytes = ranks[p].send_bytes[q];
+      if (bytes == 0) continue;
+      const char* src = static_cast<const char*>(ranks[p].send) + ranks[p].send_offsets[q];
+      char* dst = static_cast<char*>(ranks[q].recv) + ranks[q].recv_offsets[p];
+      COMET_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    }
+}
 
 class LoopbackFabric final : public Fabric {
  public:
@@ -37,35 +88,56 @@ class LoopbackFabric final : public Fabric {
   ~LoopbackFabric() override { release(); }
   std::string name() const override { return "loopback"; }
   int world() const override { return world_; }
-  int device_of(int) const override { return device_; }
+  int first_local_rank() const override { return 0; }
+  int num_local_ranks() const override { return world_; }
+  int device_of(int rank) const override {
+    check_local(rank, "device_of");
+    return device_;
+  }
   int64_t bytes_per_rank() const override { return bytes_; }
   void allocate(int64_t bytes) override {
     COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
     release();
     DeviceGuard guard;
     COMET_CUDA_CHECK(cudaSetDevice(device_));
-    bytes_ = round_up(bytes);
+    bytes_ = round_up(bytes, kHeapAlign);
     COMET_CUDA_CHECK(cudaMalloc(&heap_, std::max<int64_t>(bytes_, 256) * world_));
     COMET_CUDA_CHECK(cudaMemset(heap_, 0, std::max<int64_t>(bytes_, 256) * world_));
-    std::vector<void*> bases(world_);
-    for (int r = 0; r < world_; ++r) bases[r] = static_cast<char*>(heap_) + r * bytes_;
+    bases_.resize(world_);
+    for (int r = 0; r < world_; ++r) bases_[r] = static_cast<char*>(heap_) + r * bytes_;
     COMET_CUDA_CHECK(cudaMalloc(&table_, world_ * sizeof(void*)));
-    COMET_CUDA_CHECK(cudaMemcpy(table_, bases.data(), world_ * sizeof(void*), cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMemcpy(table_, bases_.data(), world_ * sizeof(void*), cudaMemcpyHostToDevice));
   }
-  void* base(int rank) const override { return static_cast<char*>(heap_) + rank * bytes_; }
-  void* const* peer_table(int) const override { return table_; }
+  void* base(int rank) const override {
+    check_local(rank, "base");
+    return static_cast<char*>(heap_) + rank * bytes_;
+  }
+  void* const* peer_table(int rank) const override {
+    check_local(rank, "peer_table");
+    return table_;
+  }
+  std::vector<void*> peer_table_host(int rank) const override {
+    check_local(rank, "peer_table_host");
+    return bases_;
+  }
+  void barrier(CUstream_st* stream) override { COMET_CUDA_CHECK(cudaStreamSynchronize(stream)); }
 
  private:
+  void run_all_to_all_v(const AllToAllVArgs* ranks, CUstream_st* stream) override {
+    copy_all_to_all(ranks, world_, stream);
+  }
   void release() {
     if (heap_) cudaFree(heap_);
     if (table_) cudaFree(table_);
     heap_ = nullptr;
     table_ = nullptr;
+    bases_.clear();
   }
   int world_, device_;
   int64_t bytes_ = 0;
   void* heap_ = nullptr;
   void** table_ = nullptr;
+  std::vector<void*> bases_;
 };
 
 class LocalFabric final : public Fabric {
@@ -89,13 +161,18 @@ class LocalFabric final : public Fabric {
   ~LocalFabric() override { release(); }
   std::string name() const override { return "local"; }
   int world() const override { return world_; }
-  int device_of(int rank) const override { return rank; }
+  int first_local_rank() const override { return 0; }
+  int num_local_ranks() const override { return world_; }
+  int device_of(int rank) const override {
+    check_local(rank, "device_of");
+    return rank;
+  }
   int64_t bytes_per_rank() const override { return bytes_; }
   void allocate(int64_t bytes) override {
     COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
     release();
     DeviceGuard guard;
-    bytes_ = round_up(bytes);
+    bytes_ = round_up(bytes, kHeapAlign);
     heaps_.assign(world_, nullptr);
     tables_.assign(world_, nullptr);
     for (int r = 0; r < world_; ++r) {
@@ -109,10 +186,24 @@ class LocalFabric final : public Fabric {
       COMET_CUDA_CHECK(cudaMemcpy(tables_[r], heaps_.data(), world_ * sizeof(void*), cudaMemcpyHostToDevice));
     }
   }
-  void* base(int rank) const override { return heaps_[rank]; }
-  void* const* peer_table(int rank) const override { return tables_[rank]; }
+  void* base(int rank) const override {
+    check_local(rank, "base");
+    return heaps_[rank];
+  }
+  void* const* peer_table(int rank) const override {
+    check_local(rank, "peer_table");
+    return tables_[rank];
+  }
+  std::vector<void*> peer_table_host(int rank) const override {
+    check_local(rank, "peer_table_host");
+    return heaps_;
+  }
+  void barrier(CUstream_st* stream) override { COMET_CUDA_CHECK(cudaStreamSynchronize(stream)); }
 
  private:
+  void run_all_to_all_v(const AllToAllVArgs* ranks, CUstream_st* stream) override {
+    copy_all_to_all(ranks, world_, stream);
+  }
   void release() {
     for (void* p : heaps_) if (p) cudaFree(p);
     for (void** p : tables_) if (p) cudaFree(p);
@@ -135,5 +226,15 @@ std::unique_ptr<Fabric> make_local_fabric(int world) {
   if (world == 1) return make_loopback_fabric(1, 0);
   return std::make_unique<LocalFabric>(world);
 }
+
+#ifndef COMET_HAVE_NCCL
+bool nccl_fabric_available() { return false; }
+
+std::unique_ptr<Fabric> make_nccl_fabric(const ProcessEnv&) {
+  throw Error(
+      "the Nccl fabric is not built: configure with NCCL >= 2.28 available (COMET_ENABLE_NCCL, COMET_NCCL_ROOT; "
+      "docs/fabric.md)");
+}
+#endif
 
 }  // namespace comet::fabric

@@ -1,0 +1,55 @@
+// core/process_env.h: who this process is in a multi-process run (one process per GPU), read
+// from the environment in one place.
+//
+// Launchers set the variables: `comet launch` (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// COMET_BOOTSTRAP_FILE) and torchrun (the same four, plus TORCHELASTIC_RUN_ID, MASTER_ADDR,
+// MASTER_PORT, TORCHELASTIC_RESTART_COUNT). The Nccl fabric uses the result
+// (src/fabric/fabric.h); docs/fabric.md describes the bootstrap.
+//
+// Variables read (and only here):
+//   RANK, WORLD_SIZE             required together; both unset means "not a multi-process run"
+//   LOCAL_RANK, LOCAL_WORLD_SIZE required together; both unset means one node (= RANK, WORLD_SIZE)
+//   COMET_BOOTSTRAP_FILE         where rank 0 publishes the communicator id for the others
+//   TORCHELASTIC_RUN_ID, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT
+//                                without COMET_BOOTSTRAP_FILE: the bootstrap file name under
+//                                /tmp is derived from these (torchrun)
+//   COMET_FABRIC_TIMEOUT_S       seconds any host-side wait for the other ranks may last
+//                                (bootstrap file, communicator set-up, barriers); default 60
+//
+// Pitfall: the derived /tmp name must differ between runs that could overlap or leave a file
+// behind; it includes the run id, master address and port and the restart count, and rank 0
+// deletes the file once every rank has joined.
+#pragma once
+
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace comet {
+
+inline constexpr int kMaxProcessWorld = 64;  // the most ranks a plan supports
+inline constexpr double kDefaultFabricTimeoutS = 60.0;
+
+struct ProcessEnv {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;   // the GPU ordinal this process drives
+  int local_world = 1;  // processes on this node
+  std::string bootstrap_file;
+  // Where the bootstrap file came from, for messages: "COMET_BOOTSTRAP_FILE" or
+  // "derived from TORCHELASTIC_RUN_ID=..., MASTER_ADDR=..., ...".
+  std::string source;
+  double timeout_s = kDefaultFabricTimeoutS;
+};
+
+// Reads the variables above through `get` (std::getenv by default; tests pass a fake).
+// Returns nullopt when RANK and WORLD_SIZE are both unset. Throws comet::Error naming the
+// variable for a malformed or inconsistent value: not a decimal integer, only one of a pair
+// set, WORLD_SIZE outside [1, 64], RANK outside [0, WORLD_SIZE), LOCAL_WORLD_SIZE outside
+// [1, WORLD_SIZE], LOCAL_RANK outside [0, LOCAL_WORLD_SIZE), a timeout that is not a positive
+// number, or no way to name a bootstrap file.
+std::optional<ProcessEnv> read_process_env(
+    const std::function<const char*(const char*)>& get = [](const char* name) { return std::getenv(name); });
+
+}  // namespace comet

@@ -1,0 +1,257 @@
+// multi_gpu/nccl_fabric_multi_gpu_test.cu: the Nccl fabric across processes (label
+// `multi_gpu`). Run one copy per GPU under a launcher that sets RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE and COMET_BOOTSTRAP_FILE:
+//   comet launch -n 4 build/tests/multi_gpu/nccl_fabric_multi_gpu_test
+//   tests/multi_gpu/run_ranks.sh 4 build/tests/multi_gpu/nccl_fabric_multi_gpu_test   (stand-in)
+// Without those variables, or with fewer GPUs than ranks, every test skips with a message
+// containing "multi_gpu test skipped" (ctest reports the test as skipped).
+//
+// Every rank runs the same tests in the same order, so the fabric's collective calls match
+// up. Checks use EXPECT (not ASSERT) wherever a collective call follows, so that a failed
+// check on one rank does not leave the others waiting.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "core/process_env.h"
+#include "fabric/fabric.h"
+#include "gpu/fabric_test_kernels.cuh"
+#include "gpu/gpu_test_util.h"
+#include "support/test_support.h"
+
+namespace comet::fabric {
+namespace {
+
+using comet::test::throws_with;
+using comet::testing::DeviceBuffer;
+using comet::testing::read_through_table;
+using comet::testing::tag_byte;
+using comet::testing::write_through_table;
+
+// The run: this process's place in it and the fabric the tests share. The fabric is made
+// before the first test and destroyed after the last, collectively, on every rank.
+class Run : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    try {
+      env_ = read_process_env();
+    } catch (const Error& e) {
+      setup_error_ = e.what();
+      return;
+    }
+    if (!env_) {
+      skip_ = "RANK/WORLD_SIZE are not set: run under `comet launch -n N` or tests/multi_gpu/run_ranks.sh "
+              "(multi_gpu test skipped)";
+      return;
+    }
+    const int gpus = comet::testing::have_gpu() ? device_count() : 0;
+    if (gpus < env_->local_world) {
+      std::ostringstream os;
+      os << env_->local_world << " ranks need as many GPUs, " << gpus << " visible (multi_gpu test skipped)";
+      skip_ = os.str();
+      return;
+    }
+    try {
+      fabric_ = make_nccl_fabric(*env_);
+    } catch (const Error& e) {
+      setup_error_ = e.what();
+    }
+  }
+  void TearDown() override { fabric_.reset(); }
+
+  static Run* instance;
+  const std::string& skip() const { return skip_; }
+  const std::string& setup_error() const { return setup_error_; }
+  const ProcessEnv& env() const { return *env_; }
+  Fabric& fabric() const { return *fabric_; }
+
+ private:
+  static int device_count() {
+    int n = 0;
+    COMET_CUDA_CHECK(cudaGetDeviceCount(&n));
+    return n;
+  }
+  std::optional<ProcessEnv> env_;
+  std::unique_ptr<Fabric> fabric_;
+  std::string skip_, setup_error_;
+};
+
+Run* Run::instance = static_cast<Run*>(::testing::AddGlobalTestEnvironment(new Run));
+
+#define COMET_REQUIRE_RUN()                                                                         \
+  do {                                                                                              \
+    if (!Run::instance->skip().empty()) GTEST_SKIP() << Run::instance->skip();                      \
+    ASSERT_TRUE(Run::instance->setup_error().empty()) << "making the fabric failed: "               \
+                                                      << Run::instance->setup_error();              \
+  } while (0)
+
+std::string who() {
+  std::ostringstream os;
+  os << "rank " << Run::instance->env().rank << " of " << Run::instance->env().world;
+  return os.str();
+}
+
+TEST(NcclFabricRun, LocalRanksAndPeerTable) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  Fabric& f = Run::instance->fabric();
+  const ProcessEnv& env = Run::instance->env();
+  EXPECT_EQ(f.world(), env.world);
+  EXPECT_EQ(f.first_local_rank(), env.rank);
+  EXPECT_EQ(f.num_local_ranks(), 1);
+  EXPECT_EQ(f.device_of(env.rank), env.local_rank);
+  const int other = (env.rank + 1) % env.world;
+  if (other != env.rank) EXPECT_TRUE(throws_with<Error>([&] { f.base(other); }, {"not driven by this process"}));
+  f.allocate(1 << 16);
+  const std::vector<void*> table = f.peer_table_host(env.rank);
+  ASSERT_EQ(int(table.size()), env.world);
+  for (int p = 0; p < env.world; ++p) {
+    EXPECT_NE(table[p], nullptr) << "peer " << p;
+    for (int q = 0; q < p; ++q) EXPECT_NE(table[p], table[q]) << "peers " << q << " and " << p << " share an address";
+  }
+}
+
+// Each rank writes a block tagged (src, dst) into slot `src` of every rank's heap through its
+// peer table; after a barrier each rank checks that all W blocks arrived and that the rest of
+// its heap is still zero. Then each reads its successor's heap through the table.
+TEST(NcclFabricRun, PeerWritesReachEveryRank) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  Fabric& f = Run::instance->fabric();
+  const int W = f.world(), r = f.first_local_rank();
+  constexpr int64_t kBlock = 1000;  // not a multiple of 16: offsets must be exact
+  f.allocate(W * kBlock + 777);
+  const int64_t n = f.bytes_per_rank();
+  for (int step = 0; step < W; ++step) {
+    const int dst = (r + step) % W;  // ranks start on different peers
+    std::vector<uint8_t> block(kBlock);
+    for (int64_t i = 0; i < kBlock; ++i) block[i] = tag_byte(r, dst, i);
+    DeviceBuffer<uint8_t> in(block);
+    write_through_table(f.peer_table(r), dst, r * kBlock, in.get(), kBlock);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());  // `in` is freed at the end of this iteration
+  }
+  f.barrier(nullptr);
+  std::vector<uint8_t> heap(n);
+  COMET_CUDA_CHECK(cudaMemcpy(heap.data(), f.base(r), n, cudaMemcpyDeviceToHost));
+  int64_t wrong = 0, first_wrong = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const int src = int(i / kBlock);
+    const uint8_t want = src < W ? tag_byte(src, r, i % kBlock) : 0;
+    if (heap[i] != want && wrong++ == 0) first_wrong = i;
+  }
+  EXPECT_EQ(wrong, 0) << "first wrong byte " << first_wrong << " (slot of rank " << first_wrong / kBlock << ")";
+
+  const int next = (r + 1) % W;
+  DeviceBuffer<uint8_t> out{size_t(W * kBlock)};
+  read_through_table(f.peer_table(r), next, 0, out.get(), W * kBlock);
+  const std::vector<uint8_t> got = out.download();
+  wrong = 0;
+  for (int64_t i = 0; i < W * kBlock; ++i) wrong += got[i] != tag_byte(int(i / kBlock), next, i % kBlock);
+  EXPECT_EQ(wrong, 0) << "reading rank " << next << "'s heap through the peer table";
+  f.barrier(nullptr);  // nobody overwrites a heap that a peer is still reading
+}
+
+// A token per epoch to the successor; after each barrier the predecessor's token of that
+// epoch must be there. A barrier that let a rank through early shows an old epoch.
+TEST(NcclFabricRun, BarrierOrdersPeerWrites) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  Fabric& f = Run::instance->fabric();
+  const int W = f.world(), r = f.first_local_rank();
+  f.allocate(W * sizeof(int64_t));
+  const int next = (r + 1) % W, prev = (r + W - 1) % W;
+  for (int64_t epoch = 1; epoch <= 20; ++epoch) {
+    const int64_t token = epoch * 1000 + r;
+    DeviceBuffer<uint8_t> in(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(&token),
+                                                  reinterpret_cast<const uint8_t*>(&token) + sizeof token));
+    write_through_table(f.peer_table(r), next, r * int64_t(sizeof token), in.get(), sizeof token);
+    f.barrier(nullptr);
+    int64_t got = -1;
+    COMET_CUDA_CHECK(cudaMemcpy(&got, static_cast<const char*>(f.base(r)) + prev * sizeof got, sizeof got,
+                                cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, epoch * 1000 + prev) << "epoch " << epoch;
+    f.barrier(nullptr);
+  }
+}
+
+// Sizes known to every rank: sizes(p, q) bytes from p to q, zeros included, uneven.
+int64_t exchange_bytes(int p, int q, int round) { return ((p * 7 + q * 13 + round * 5 + 3) % 6) * 129 + (p == q) * 16; }
+
+TEST(NcclFabricRun, AllToAllVUnevenSizes) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  Fabric& f = Run::instance->fabric();
+  const int W = f.world(), r = f.first_local_rank();
+  cudaStream_t stream;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    // This rank's row and column of the size matrix, with gaps between slices.
+    std::vector<int64_t> send_bytes(W), send_offsets(W), recv_bytes(W), recv_offsets(W);
+    int64_t send_total = 0, recv_total = 0;
+    for (int p = 0; p < W; ++p) {
+      send_bytes[p] = exchange_bytes(r, p, round);
+      send_offsets[p] = send_total + 8;
+      send_total += send_bytes[p] + 8;
+      recv_bytes[p] = exchange_bytes(p, r, round);
+      recv_offsets[p] = recv_total + 24;
+      recv_total += recv_bytes[p] + 24;
+    }
+    std::vector<uint8_t> s(send_total, 0xab);
+    for (int q = 0; q < W; ++q)
+      for (int64_t i = 0; i < send_bytes[q]; ++i) s[send_offsets[q] + i] = tag_byte(r, q, i);
+    DeviceBuffer<uint8_t> send(s), recv{size_t(recv_total)};
+    recv.poison(0x5c);
+    f.all_to_all_v(send.get(), send_bytes.data(), send_offsets.data(), recv.get(), recv_bytes.data(),
+                   recv_offsets.data(), stream);
+    f.barrier(stream);
+    const std::vector<uint8_t> got = recv.download();
+    std::vector<uint8_t> want(recv_total, 0x5c);
+    for (int p = 0; p < W; ++p)
+      for (int64_t i = 0; i < recv_bytes[p]; ++i) want[recv_offsets[p] + i] = tag_byte(p, r, i);
+    int64_t wrong = 0, first_wrong = -1;
+    for (int64_t i = 0; i < recv_total; ++i)
+      if (got[i] != want[i] && wrong++ == 0) first_wrong = i;
+    EXPECT_EQ(wrong, 0) << "first wrong received byte " << first_wrong;
+  }
+  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(NcclFabricRun, HeapSizeMismatchFailsOnEveryRank) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  Fabric& f = Run::instance->fabric();
+  if (f.world() == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
+  const int r = f.first_local_rank();
+  EXPECT_TRUE(throws_with<Error>([&] { f.allocate(r == 0 ? 4096 : 8192); },
+                                 {"different heap sizes", "smallest 4096", "largest 8192"}));
+  // The communicator is intact: the next agreeing allocation works.
+  f.allocate(8192);
+  EXPECT_EQ(f.bytes_per_rank(), 8192);
+  f.barrier(nullptr);
+}
+
+// Further fabrics next to the shared one, made and destroyed in turn (each bootstraps
+// through its own file, <COMET_BOOTSTRAP_FILE>.<n>).
+TEST(NcclFabricRun, MoreFabricsComeAndGo) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  const ProcessEnv& env = Run::instance->env();
+  for (int i = 0; i < 3; ++i) {
+    auto g = make_nccl_fabric(env);
+    g->allocate(4096);
+    const int64_t token = 77 + i;
+    DeviceBuffer<uint8_t> in(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(&token),
+                                                  reinterpret_cast<const uint8_t*>(&token) + sizeof token));
+    write_through_table(g->peer_table(env.rank), (env.rank + 1) % env.world, 0, in.get(), sizeof token);
+    g->barrier(nullptr);
+    int64_t got = 0;
+    COMET_CUDA_CHECK(cudaMemcpy(&got, g->base(env.rank), sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, token) << "fabric " << i;
+  }
+}
+
+}  // namespace
+}  // namespace comet::fabric
