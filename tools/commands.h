@@ -64,6 +64,8 @@ struct BenchLayerOptions {
   int iters = 20;
   double warmup_ms = 300;
   uint64_t seed = 1;
+  std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
+  bool no_baselines = false;
   bool json = false;
 };
 CLI::App* add_bench_command(CLI::App& app, BenchOptions& options, CLI::App** gemm, BenchLayerOptions& layer_options,
