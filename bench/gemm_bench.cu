@@ -7,7 +7,7 @@
 #include <cstring>
 #include <memory>
 
-#include "bench/cublas_experts.h"
+#include "cuda/cublas_experts.h"
 #include "bench/gemm_bench.h"
 #include "bench/timing.h"
 #include "comet/config.h"
@@ -16,6 +16,9 @@
 #include "cuda/random_fill.h"
 
 namespace comet::bench {
+
+using cuda::CublasExperts;
+using cuda::ExpertGemmShapes;
 
 namespace {
 

@@ -1,17 +1,22 @@
-// `comet bench layer`: fused vs unfused vs compute-only vs communication-only, one GPU.
+// `comet bench layer`: fused vs unfused vs compute-only vs communication-only, and the two
+// baselines, one GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <sstream>
 
 #include "bench/layer_bench.h"
 #include "bench/timing.h"
+#include "comet/baseline.h"
+#include "comet/dtype.h"
 #include "comet/layer.h"
 #include "comet/routing.h"
 #include "cuda/check.h"
 #include "cuda/random_fill.h"
 #include "fabric/fabric.h"
+#include "ref/oracle.h"
 
 namespace comet::bench {
 
@@ -67,6 +72,66 @@ std::vector<uint16_t> download_all_y(const LayerConfig& c, const Inputs& in, int
   return out;
 }
 
+// got against want (bf16 bits, every rank concatenated) with the oracle's comparison.
+ref::Comparison compare_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  std::vector<std::vector<float>> g(1);
+  std::vector<std::vector<double>> w(1);
+  for (uint16_t b : got) g[0].push_back(bf16_bits_to_float(b));
+  for (uint16_t b : want) w[0].push_back(bf16_bits_to_float(b));
+  return ref::compare_outputs(g, w);
+}
+
+// The baselines of one workload on their own fabric, with MoeLayer's weights (same seed).
+struct Baselines {
+  std::unique_ptr<fabric::Fabric> fabric;
+  std::unique_ptr<BaselineMoe> layer;
+  BaselineGemm gemm = BaselineGemm::kPerExpertLoop;
+};
+
+// Verifies every baseline variant against `want` (Comet's unfused output on the same inputs)
+// before anything of it is timed, and picks the faster cuBLAS variant with a short timing.
+// Leaves `b.layer` empty (and says why in the row) when the device has too little memory left.
+void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const Inputs& in, int tokens,
+                       const std::vector<uint16_t>& want, cudaStream_t stream, LayerBenchRow& row, Baselines& b) {
+  size_t free_bytes = 0, total_bytes = 0;
+  COMET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t need = BaselineMoe::device_bytes(c);
+  if (double(need) > 0.9 * double(free_bytes)) {
+    std::ostringstream os;
+    os.precision(1);
+    os << std::fixed << "baselines not run: they need " << need / double(1 << 30) << " GiB, "
+       << free_bytes / double(1 << 30) << " GiB free next to the Comet layer";
+    row.baseline_note = os.str();
+    return;
+  }
+  b.fabric = fabric::make_loopback_fabric(c.layout.world);
+  b.layer = std::make_unique<BaselineMoe>(c, *b.fabric);
+  b.layer->set_random_weights(o.seed);
+  row.baselines_match = true;
+  auto check = [&](const BaselineOptions& options) {
+    b.layer->set_options(options);
+    b.layer->forward(in.tensors, stream);
+    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const ref::Comparison cmp = compare_bf16(download_all_y(c, in, tokens), want);
+    row.baseline_rel_l2 = std::max(row.baseline_rel_l2, cmp.non_finite ? INFINITY : cmp.rel_l2);
+    row.baselines_match = row.baselines_match && cmp.within(ref::tolerance_for(DType::kBF16));
+  };
+  const BaselineGemm kinds[] = {BaselineGemm::kPerExpertLoop, BaselineGemm::kGroupedBatched};
+  for (BaselineGemm gemm : kinds) check(sequential_baseline(gemm));
+  const BaselineTraffic traffic = b.layer->last_traffic();
+  row.baseline_remote_bytes = traffic.dispatch_remote_bytes + traffic.combine_remote_bytes;
+  std::vector<Variant> gemms;
+  for (BaselineGemm gemm : kinds)
+    gemms.push_back({baseline_gemm_name(gemm), [&b, &in, gemm](cudaStream_t st) {
+                       b.layer->set_options(sequential_baseline(gemm));
+                       b.layer->forward(in.tensors, st);
+                     }});
+  const std::vector<double> us = time_interleaved(gemms, stream, std::max(3, o.iters / 4), o.warmup_ms / 4);
+  b.gemm = us[1] < us[0] ? BaselineGemm::kGroupedBatched : BaselineGemm::kPerExpertLoop;
+  row.baseline_gemm = baseline_gemm_name(b.gemm);
+  for (int chunks : o.chunks) check(chunked_baseline(chunks, b.gemm));
+}
+
 }  // namespace
 
 std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const LayerProgress& progress) {
@@ -86,6 +151,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       auto fabric = fabric::make_loopback_fabric(c.layout.world);
       MoeLayer layer(c, *fabric);
       layer.set_random_weights(o.seed);
+      layer.set_tuning_table(o.tuning);
       const std::unique_ptr<Inputs> in = make_inputs(c, tokens, o.seed);
       // The unfused output once per workload: every fused variant must equal it bitwise.
       const LayerOptions unfused;
@@ -93,6 +159,11 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       layer.forward(in->tensors, stream);
       layer.check(stream);
       const std::vector<uint16_t> want = download_all_y(c, *in, tokens);
+      // The baselines once per workload, verified against the same output; every row of the
+      // sweep starts from their fields.
+      LayerBenchRow baseline_row;
+      Baselines base;
+      if (o.baselines) prepare_baselines(c, o, *in, tokens, want, stream, baseline_row, base);
       for (int n0 : o.n_comm0)
         for (int n1 : o.n_comm1)
           for (int group : o.layer0_group_m) {
@@ -103,7 +174,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
             fused.n_comm1 = n1;
             fused.layer0_group_m = group;
             layer.set_options(fused);
-            LayerBenchRow row;
+            LayerBenchRow row = baseline_row;
             row.model = name;
             row.tokens = tokens;
             row.world = c.layout.world;
@@ -117,13 +188,24 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
             layer.check(stream);
             row.fused_equals_unfused = download_all_y(c, *in, tokens) == want;
 
-            const std::vector<Variant> variants = {
+            std::vector<Variant> variants = {
                 {"fused", [&](cudaStream_t st) { layer.set_options(fused); layer.forward(in->tensors, st); }},
                 {"unfused", [&](cudaStream_t st) { layer.set_options(unfused); layer.forward(in->tensors, st); }},
                 {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
                 {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
                 {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
             };
+            if (base.layer) {
+              variants.push_back({"sequential", [&](cudaStream_t st) {
+                                    base.layer->set_options(sequential_baseline(base.gemm));
+                                    base.layer->forward(in->tensors, st);
+                                  }});
+              for (int chunks : o.chunks)
+                variants.push_back({"chunked", [&, chunks](cudaStream_t st) {
+                                      base.layer->set_options(chunked_baseline(chunks, base.gemm));
+                                      base.layer->forward(in->tensors, st);
+                                    }});
+            }
             const std::vector<double> us = time_interleaved(variants, stream, o.iters, o.warmup_ms);
             layer.check(stream);
             row.fused_us = us[0];
@@ -131,6 +213,14 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
             row.compute_us = us[2];
             row.comm_us = us[3];
             row.plan_us = us[4];
+            if (base.layer) {
+              row.sequential_us = us[5];
+              for (size_t i = 0; i < o.chunks.size(); ++i)
+                if (row.chunked_chunks == 0 || us[6 + i] < row.chunked_us) {
+                  row.chunked_us = us[6 + i];
+                  row.chunked_chunks = o.chunks[i];
+                }
+            }
             // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
             row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
             rows.push_back(row);

@@ -3,13 +3,19 @@
 // the unfused pipeline, the two grouped GEMMs alone (compute-only: data in place, no waits) and
 // the dispatch + combine copies alone (communication-only). On one GPU communication is a local
 // copy, so fused / compute-only measures what communication blocks, waits and signals cost on
-// top of pure compute.
+// top of pure compute. With baselines on (the default), the same run also times the two
+// baselines of DESIGN §6 (comet/baseline.h, docs/baselines.md) on their own Loopback fabric with
+// MoeLayer's weights and the same inputs: sequential (Megatron-style) and chunk-pipelined
+// (FasterMoE/Tutel-style, the fastest of `chunks`), each verified against the unfused output
+// first; the cuBLAS variant (per-expert loop or grouped) is the faster of a short timing.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "comet/tuning.h"
 
 namespace comet::bench {
 
@@ -20,9 +26,12 @@ struct LayerBenchOptions {
   // Each list is swept (every combination is one row); 0: MoeLayer chooses (tuning table or
   // cost model for n_comm, its default for the raster group).
   std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0};
+  TuningTable tuning;  // what n_comm 0 looks up first (comet tune)
   int iters = 20;
   double warmup_ms = 300;
   uint64_t seed = 1;
+  bool baselines = true;
+  std::vector<int> chunks{2, 4};               // chunk counts tried for the chunked baseline
 };
 
 struct LayerBenchRow {
@@ -36,6 +45,18 @@ struct LayerBenchRow {
   bool fused_equals_unfused = false;  // bitwise, all ranks' outputs
   double fused_over_compute() const { return fused_us / compute_us; }
   double fused_tflops() const { return flop / fused_us * 1e-6; }
+
+  // Baselines; sequential_us == 0 when they did not run (baseline_note says why).
+  std::string baseline_gemm;              // the faster cuBLAS variant, used by both
+  double sequential_us = 0, chunked_us = 0;
+  int chunked_chunks = 0;                 // C of chunked_us
+  double baseline_rel_l2 = 0;             // worst over every baseline run checked, vs unfused
+  bool baselines_match = false;           // every one within the bf16 tolerance
+  int64_t baseline_remote_bytes = 0;      // dispatch + combine of the sequential run, remote only
+  std::string baseline_note;
+  bool baselines_run() const { return sequential_us > 0; }
+  double speedup_over_sequential() const { return sequential_us / fused_us; }
+  double speedup_over_chunked() const { return chunked_us / fused_us; }
 };
 
 using LayerProgress = std::function<void(int done, int total, const std::string& what)>;

@@ -1,6 +1,7 @@
 // Table and JSON output of `comet bench layer`.
 #include <iomanip>
 #include <ostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -8,35 +9,75 @@
 
 namespace comet::bench {
 
+namespace {
+std::string fixed(double v, int precision, const char* suffix = "") {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(precision) << v << suffix;
+  return os.str();
+}
+}  // namespace
+
 void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os) {
   os << std::left << std::setw(16) << "model" << std::right << std::setw(6) << "T" << std::setw(10) << "W(EPxTP)"
      << std::setw(9) << "n_comm" << std::setw(5) << "gm0" << std::setw(11) << "fused us" << std::setw(12) << "unfused us" << std::setw(12)
      << "compute us" << std::setw(10) << "comm us" << std::setw(9) << "plan us" << std::setw(10) << "fused/cmp" << std::setw(9) << "TFLOP/s"
-     << "  fused==unfused\n";
-  os << std::fixed;
+     << std::setw(10) << "seq us" << std::setw(15) << "chunked us(C)" << std::setw(8) << "vs seq" << std::setw(10)
+     << "vs chunk" << "  fused==unfused  baselines ok\n";
   for (const auto& r : rows) {
     const std::string layout = std::to_string(r.world) + "(" + std::to_string(r.ep) + "x" + std::to_string(r.tp) + ")";
     const std::string n_comm = std::to_string(r.n_comm0) + "/" + std::to_string(r.n_comm1);
+    const bool chunked = r.baselines_run() && r.chunked_chunks > 0;
     os << std::left << std::setw(16) << r.model << std::right << std::setw(6) << r.tokens << std::setw(10) << layout
        << std::setw(9) << n_comm << std::setw(5) << (r.layer0_group_m > 0 ? std::to_string(r.layer0_group_m) : "auto")
-       << std::setprecision(1) << std::setw(11) << r.fused_us << std::setw(12)
-       << r.unfused_us << std::setw(12) << r.compute_us << std::setw(10) << r.comm_us << std::setw(9) << r.plan_us << std::setprecision(3)
-       << std::setw(10) << r.fused_over_compute() << std::setprecision(0) << std::setw(9) << r.fused_tflops() << "  "
-       << (r.fused_equals_unfused ? "yes" : "NO") << "\n";
+       << std::setw(11) << fixed(r.fused_us, 1) << std::setw(12) << fixed(r.unfused_us, 1)
+       << std::setw(12) << fixed(r.compute_us, 1) << std::setw(10) << fixed(r.comm_us, 1) << std::setw(9) << fixed(r.plan_us, 1) << std::setw(10)
+       << fixed(r.fused_over_compute(), 3) << std::setw(9) << fixed(r.fused_tflops(), 0) << std::setw(10)
+       << (r.baselines_run() ? fixed(r.sequential_us, 1) : "-") << std::setw(15)
+       << (chunked ? fixed(r.chunked_us, 1) + "(" + std::to_string(r.chunked_chunks) + ")" : "-") << std::setw(8)
+       << (r.baselines_run() ? fixed(r.speedup_over_sequential(), 2, "x") : "-") << std::setw(10)
+       << (chunked ? fixed(r.speedup_over_chunked(), 2, "x") : "-") << "  " << std::left << std::setw(16)
+       << (r.fused_equals_unfused ? "yes" : "NO") << (r.baselines_run() ? (r.baselines_match ? "yes" : "NO") : "-")
+       << std::right << "\n";
   }
-  if (!rows.empty()) os << "n_comm: " << rows.front().n_comm_source << "\n";
+  if (rows.empty()) return;
+  os << "n_comm: " << rows.front().n_comm_source << "\n";
+  for (const auto& r : rows) {
+    if (r.baselines_run())
+      os << r.model << " T=" << r.tokens << ": baselines with " << r.baseline_gemm
+         << " (the faster cuBLAS variant), worst rel_l2 vs unfused " << std::scientific << std::setprecision(2)
+         << r.baseline_rel_l2 << std::defaultfloat << ", " << fixed(r.baseline_remote_bytes / 1e6, 1)
+         << " MB between ranks per forward\n";
+    else if (!r.baseline_note.empty())
+      os << r.model << " T=" << r.tokens << ": " << r.baseline_note << "\n";
+  }
 }
 
 std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
   nlohmann::json j = nlohmann::json::array();
-  for (const auto& r : rows)
-    j.push_back({{"model", r.model}, {"tokens_per_rank", r.tokens}, {"world", r.world}, {"ep", r.ep}, {"tp", r.tp},
-                 {"n_comm0", r.n_comm0}, {"n_comm1", r.n_comm1}, {"n_comm_source", r.n_comm_source},
-                 {"layer0_group_m", r.layer0_group_m},
-                 {"flop", r.flop}, {"fused_us", r.fused_us}, {"unfused_us", r.unfused_us},
-                 {"compute_only_us", r.compute_us}, {"comm_only_us", r.comm_us}, {"plan_us", r.plan_us},
-                 {"fused_over_compute", r.fused_over_compute()}, {"fused_tflops", r.fused_tflops()},
-                 {"fused_equals_unfused", r.fused_equals_unfused}});
+  for (const auto& r : rows) {
+    nlohmann::json row = {{"model", r.model}, {"tokens_per_rank", r.tokens}, {"world", r.world}, {"ep", r.ep},
+                          {"tp", r.tp}, {"n_comm0", r.n_comm0}, {"n_comm1", r.n_comm1},
+                          {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"flop", r.flop}, {"fused_us", r.fused_us},
+                          {"unfused_us", r.unfused_us}, {"compute_only_us", r.compute_us},
+                          {"comm_only_us", r.comm_us}, {"plan_us", r.plan_us}, {"fused_over_compute", r.fused_over_compute()},
+                          {"fused_tflops", r.fused_tflops()}, {"fused_equals_unfused", r.fused_equals_unfused}};
+    if (r.baselines_run()) {
+      row["baseline_gemm"] = r.baseline_gemm;
+      row["sequential_us"] = r.sequential_us;
+      row["speedup_over_sequential"] = r.speedup_over_sequential();
+      if (r.chunked_chunks > 0) {
+        row["chunked_us"] = r.chunked_us;
+        row["chunked_chunks"] = r.chunked_chunks;
+        row["speedup_over_chunked"] = r.speedup_over_chunked();
+      }
+      row["baselines_match"] = r.baselines_match;
+      row["baseline_rel_l2"] = r.baseline_rel_l2;
+      row["baseline_remote_bytes"] = r.baseline_remote_bytes;
+    } else if (!r.baseline_note.empty()) {
+      row["baseline_note"] = r.baseline_note;
+    }
+    j.push_back(row);
+  }
   return j.dump(2);
 }
 

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "io/tuning_json.h"
 #include "comet/config.h"
 
 #ifdef COMET_HAVE_CUDA
@@ -31,7 +32,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   g->add_option("--seed", o.seed, "routing seed");
   g->add_flag("--json", o.json, "JSON instead of the table");
   *gemm = g;
-  CLI::App* l = bench->add_subcommand("layer", "the MoE layer on one GPU: fused, unfused, compute-only, comm-only");
+  CLI::App* l = bench->add_subcommand(
+      "layer", "the MoE layer on one GPU: fused, unfused, compute-only, comm-only, sequential and chunked baselines");
   l->add_option("--models", lo.models, "presets, comma separated (default: all)")->delimiter(',');
   l->add_option("--tokens", lo.tokens, "tokens per rank, comma separated")->delimiter(',');
   l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
@@ -45,6 +47,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   l->add_option("--iters", lo.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
   l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(CLI::NonNegativeNumber);
   l->add_option("--seed", lo.seed, "weights, tokens and routing seed");
+  l->add_option("--tuning", lo.tuning_file, "tuning table (comet tune) that n_comm 0 looks up")->check(CLI::ExistingFile);
+  l->add_option("--chunks", lo.chunks, "chunk counts of the chunked baseline, comma separated (the fastest is reported)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 32));
+  l->add_flag("--no-baselines", lo.no_baselines, "leave out the sequential and chunked baselines");
   l->add_flag("--json", lo.json, "JSON instead of the table");
   *layer = l;
   return bench;
@@ -84,20 +91,24 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.n_comm0 = o.n_comm0;
   lo.n_comm1 = o.n_comm1;
   lo.layer0_group_m = o.layer0_group_m;
+  if (!o.tuning_file.empty()) lo.tuning = io::load_tuning_table(o.tuning_file);
   lo.iters = o.iters;
   lo.warmup_ms = o.warmup_ms;
   lo.seed = o.seed;
+  lo.baselines = !o.no_baselines;
+  lo.chunks = o.chunks;
   const cuda::DeviceInfo info = cuda::query_device_info();
   std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP "
             << o.ep << " x TP " << o.tp << " virtual ranks (loopback fabric), full-size presets, uniform routing, "
-            << "median of " << o.iters << " interleaved runs\n";
+            << "median of " << o.iters << " interleaved runs"
+            << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "\n";
   const auto rows = bench::run_layer_bench(lo, [](int done, int total, const std::string& what) {
     std::cerr << "[" << done << "/" << total << "] " << what << "\n";
   });
   if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
   else bench::print_layer_table(rows, std::cout);
   for (const auto& r : rows)
-    if (!r.fused_equals_unfused) return kExitVerifyFailed;
+    if (!r.fused_equals_unfused || (r.baselines_run() && !r.baselines_match)) return kExitVerifyFailed;
 #endif
   return 0;
 }

@@ -4,6 +4,7 @@
 //   comet plan --model deepseek-v3 --ep 8 --rank 0  (dispatch plan and tile schedules)
 //   comet bench gemm --models mixtral-8x7b          (grouped GEMM vs cuBLAS, needs a GPU)
 //   comet bench layer --models mixtral-8x7b         (fused vs unfused vs compute-only, needs a GPU)
+//   comet tune --models mixtral-8x7b --out tuning/nvidia-h200.json   (n_comm table, needs a GPU)
 //   comet launch -n 4 -- ./my_program               (4 processes with RANK, WORLD_SIZE set)
 //   comet run --help                                (every option of a subcommand)
 //
@@ -48,6 +49,8 @@ int main(int argc, char** argv) {
   CLI::App* bench_gemm_cmd = nullptr;
   CLI::App* bench_layer_cmd = nullptr;
   add_bench_command(app, bench_options, &bench_gemm_cmd, bench_layer_options, &bench_layer_cmd);
+  TuneOptions tune_options;
+  CLI::App* tune_cmd = add_tune_command(app, tune_options);
   LaunchOptions launch_options;
   CLI::App* launch_cmd = add_launch_command(app, launch_options);
 
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return plan_command(plan_options);
     if (bench_gemm_cmd->parsed()) return bench_gemm_command(bench_options);
     if (bench_layer_cmd->parsed()) return bench_layer_command(bench_layer_options);
+    if (tune_cmd->parsed()) return tune_command(tune_options);
     if (launch_cmd->parsed()) {
       set_launch_command(launch_options, *launch_cmd, argc, argv, parse_end);
       return launch_command(launch_options);

@@ -62,11 +62,26 @@ struct BenchLayerOptions {
   std::vector<int> tokens{1024, 4096, 8192};
   int ep = 8, tp = 1;
   std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0};  // swept lists
+  std::string tuning_file;                                      // comet tune's table, optional
   int iters = 20;
   double warmup_ms = 300;
   uint64_t seed = 1;
+  std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
+  bool no_baselines = false;
   bool json = false;
 };
+// comet tune: n_comm sweep -> tuning table (tools/cmd_tune.cpp). Needs a GPU.
+struct TuneOptions {
+  std::vector<std::string> models;
+  std::vector<int> tokens{1024, 4096, 8192};
+  int ep = 8, tp = 1;
+  std::vector<int> n_comm0{4, 8, 16, 24}, n_comm1{2, 4};
+  int iters = 10;
+  std::string out;
+};
+CLI::App* add_tune_command(CLI::App& app, TuneOptions& options);
+int tune_command(const TuneOptions& options);
+
 CLI::App* add_bench_command(CLI::App& app, BenchOptions& options, CLI::App** gemm, BenchLayerOptions& layer_options,
                             CLI::App** layer);
 int bench_gemm_command(const BenchOptions& options);

@@ -67,4 +67,21 @@ int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, doubl
 NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const LayerConfig& config,
                           const LayerCost& cost, const GpuSpec& gpu);
 
+// `comet tune`: every (workload, n_comm0, n_comm1) measured once. The table keeps each
+// workload's fastest pair; best_fixed is the single pair whose summed latency over all
+// workloads is lowest (the comparison docs/results/ reports), among pairs measured everywhere.
+struct TuneSample {
+  TuningKey key;
+  int n_comm0 = 0, n_comm1 = 0;
+  double latency_us = 0;
+};
+struct TuneSummary {
+  TuningTable table;
+  int fixed_n_comm0 = 0, fixed_n_comm1 = 0;
+  double tuned_total_us = 0;  // sum over workloads of the table's choice
+  double fixed_total_us = 0;  // sum over workloads of the best fixed pair
+};
+// Throws comet::Error if `samples` is empty or no pair was measured on every workload.
+TuneSummary summarize_tuning(const std::vector<TuneSample>& samples);
+
 }  // namespace comet

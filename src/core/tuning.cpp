@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <sstream>
 
 namespace comet {
@@ -92,6 +93,53 @@ NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const 
   os << "cost model: no tuning entry within a factor of 2 in tokens for " << key.describe();
   choice.source = os.str();
   return choice;
+}
+
+TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
+  COMET_CHECK(!samples.empty(), "summarize_tuning: no measurements");
+  TuneSummary out;
+  // Workloads in first-seen order; the fastest sample of each becomes its entry.
+  std::vector<TuningKey> workloads;
+  auto workload_of = [&](const TuningKey& k) {
+    for (size_t i = 0; i < workloads.size(); ++i)
+      if (workloads[i].same_workload_class(k) && workloads[i].tokens_per_rank == k.tokens_per_rank) return i;
+    workloads.push_back(k);
+    return workloads.size() - 1;
+  };
+  std::vector<const TuneSample*> best;
+  std::map<std::pair<int, int>, std::pair<double, size_t>> pair_totals;  // pair -> (sum, workloads seen)
+  std::map<std::pair<int, int>, std::vector<bool>> pair_seen;
+  for (const TuneSample& s : samples) {
+    const size_t w = workload_of(s.key);
+    if (best.size() <= w) best.resize(w + 1, nullptr);
+    if (best[w] == nullptr || s.latency_us < best[w]->latency_us) best[w] = &s;
+  }
+  for (const TuneSample& s : samples) {
+    const size_t w = workload_of(s.key);
+    auto& seen = pair_seen[{s.n_comm0, s.n_comm1}];
+    seen.resize(workloads.size(), false);
+    if (seen[w]) continue;  // a repeated measurement counts once
+    seen[w] = true;
+    auto& t = pair_totals[{s.n_comm0, s.n_comm1}];
+    t.first += s.latency_us;
+    ++t.second;
+  }
+  for (size_t w = 0; w < workloads.size(); ++w) {
+    out.table.add(TuningEntry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us});
+    out.tuned_total_us += best[w]->latency_us;
+  }
+  bool found = false;
+  for (const auto& [pair, t] : pair_totals) {
+    if (t.second != workloads.size()) continue;
+    if (!found || t.first < out.fixed_total_us) {
+      out.fixed_total_us = t.first;
+      out.fixed_n_comm0 = pair.first;
+      out.fixed_n_comm1 = pair.second;
+      found = true;
+    }
+  }
+  COMET_CHECK(found, "summarize_tuning: no (n_comm0, n_comm1) pair was measured on every workload");
+  return out;
 }
 
 }  // namespace comet

@@ -110,5 +110,33 @@ TEST(TuningJson, RoundTripAndClearErrors) {
   EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/nonexistent/t.json"); }, {"cannot be read"}));
 }
 
+TEST(Tuning, SummaryKeepsEachWorkloadsFastestPairAndTheBestFixedPair) {
+  const TuningKey small = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 1024);
+  const TuningKey large = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 8192);
+  // (8, 2) wins the small workload, (16, 2) the large one; summed, (16, 2) is the best fixed pair.
+  const std::vector<TuneSample> samples = {
+      {small, 8, 2, 100.0}, {small, 16, 2, 105.0}, {small, 4, 2, 130.0},
+      {large, 8, 2, 820.0}, {large, 16, 2, 790.0}, {large, 4, 2, 900.0},
+      {large, 2, 2, 10.0},  // measured on one workload only: never the fixed pair
+  };
+  const TuneSummary s = summarize_tuning(samples);
+  ASSERT_EQ(s.table.entries().size(), 2u);
+  const auto m_small = s.table.nearest(small), m_large = s.table.nearest(large);
+  ASSERT_TRUE(m_small && m_large);
+  EXPECT_EQ(m_small->entry->n_comm0, 8);
+  EXPECT_EQ(m_large->entry->n_comm0, 2);  // the fastest sample of that workload
+  EXPECT_EQ(s.fixed_n_comm0, 16);
+  EXPECT_EQ(s.fixed_n_comm1, 2);
+  EXPECT_DOUBLE_EQ(s.fixed_total_us, 105.0 + 790.0);
+  EXPECT_DOUBLE_EQ(s.tuned_total_us, 100.0 + 10.0);
+}
+
+TEST(Tuning, SummaryRefusesNoSamplesAndPairsNeverMeasuredEverywhere) {
+  EXPECT_THROW(summarize_tuning({}), Error);
+  const TuningKey a = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 1024);
+  const TuningKey b = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096);
+  EXPECT_THROW(summarize_tuning({{a, 8, 2, 1.0}, {b, 16, 2, 1.0}}), Error);
+}
+
 }  // namespace
 }  // namespace comet

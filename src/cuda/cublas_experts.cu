@@ -1,10 +1,10 @@
-// cuBLAS baselines for per-expert GEMMs.
+// cuBLAS expert GEMMs: a per-expert loop and the grouped batched call.
 #include <cublas_v2.h>
 
 #include <sstream>
 
-#include "bench/cublas_experts.h"
 #include "cuda/check.h"
+#include "cuda/cublas_experts.h"
 
 #define COMET_CUBLAS_CHECK(call)                                                          \
   do {                                                                                    \
@@ -17,7 +17,7 @@
     }                                                                                     \
   } while (0)
 
-namespace comet::bench {
+namespace comet::cuda {
 
 namespace {
 constexpr size_t kWorkspaceBytes = 64u << 20;
@@ -55,38 +55,60 @@ void CublasExperts::per_expert_loop(const ExpertGemmShapes& s, const void* a, co
   }
 }
 
-void CublasExperts::prepare_grouped(const ExpertGemmShapes& s, const void* a, const void* b, void* c) {
-  m_.clear(); n_.clear(); k_.clear(); lda_.clear(); ldb_.clear(); ldc_.clear(); group_size_.clear();
-  transa_.clear(); transb_.clear(); alpha_.clear(); beta_.clear();
-  std::vector<void*> ptrs[3];
+int CublasExperts::grouped_groups(const ExpertGemmShapes& s) {
+  int groups = 0;
+  for (int rows : s.rows) groups += rows > 0;
+  return groups;
+}
+
+void CublasExperts::grouped_pointers(const ExpertGemmShapes& s, const void* a, const void* b, void* c, void** out) {
+  const int groups = grouped_groups(s);
+  int g = 0;
   for (size_t e = 0; e < s.rows.size(); ++e) {
     if (s.rows[e] == 0) continue;
-    m_.push_back(s.n); n_.push_back(s.rows[e]); k_.push_back(s.k);
+    out[g] = const_cast<uint16_t*>(static_cast<const uint16_t*>(b) + e * size_t(s.n) * s.k);
+    out[groups + g] = const_cast<uint16_t*>(static_cast<const uint16_t*>(a) + size_t(s.offsets[e]) * s.k);
+    out[2 * groups + g] = static_cast<uint16_t*>(c) + size_t(s.offsets[e]) * s.n;
+    ++g;
+  }
+}
+
+void CublasExperts::grouped(const ExpertGemmShapes& s, void* const* device_pointers, CUstream_st* stream) {
+  m_.clear(); n_.clear(); k_.clear(); lda_.clear(); ldb_.clear(); ldc_.clear(); group_size_.clear();
+  transa_.clear(); transb_.clear(); alpha_.clear(); beta_.clear();
+  for (int rows : s.rows) {
+    if (rows == 0) continue;
+    m_.push_back(s.n); n_.push_back(rows); k_.push_back(s.k);
     lda_.push_back(s.k); ldb_.push_back(s.k); ldc_.push_back(s.n);
     group_size_.push_back(1);
     transa_.push_back(CUBLAS_OP_T); transb_.push_back(CUBLAS_OP_N);
     alpha_.push_back(1.f); beta_.push_back(0.f);
-    ptrs[0].push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(b) + e * size_t(s.n) * s.k));
-    ptrs[1].push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(a) + size_t(s.offsets[e]) * s.k));
-    ptrs[2].push_back(static_cast<uint16_t*>(c) + size_t(s.offsets[e]) * s.n);
   }
-  groups_ = int(m_.size());
-  if (device_ptrs_) cudaFree(device_ptrs_);
-  device_ptrs_ = nullptr;
-  if (groups_ == 0) return;
-  COMET_CUDA_CHECK(cudaMalloc(&device_ptrs_, 3 * groups_ * sizeof(void*)));
-  for (int i = 0; i < 3; ++i)
-    COMET_CUDA_CHECK(cudaMemcpy(device_ptrs_ + i * groups_, ptrs[i].data(), groups_ * sizeof(void*), cudaMemcpyHostToDevice));
-}
-
-void CublasExperts::grouped(CUstream_st* stream) {
-  if (groups_ == 0) return;
+  const int groups = int(m_.size());
+  if (groups == 0) return;
   COMET_CUBLAS_CHECK(cublasSetStream(h(handle_), stream));
+  void** ptrs = const_cast<void**>(device_pointers);
   COMET_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
       h(handle_), reinterpret_cast<const cublasOperation_t*>(transa_.data()),
       reinterpret_cast<const cublasOperation_t*>(transb_.data()), m_.data(), n_.data(), k_.data(), alpha_.data(),
-      device_ptrs_, CUDA_R_16BF, lda_.data(), device_ptrs_ + groups_, CUDA_R_16BF, ldb_.data(), beta_.data(),
-      device_ptrs_ + 2 * groups_, CUDA_R_16BF, ldc_.data(), groups_, group_size_.data(), CUBLAS_COMPUTE_32F));
+      ptrs, CUDA_R_16BF, lda_.data(), ptrs + groups, CUDA_R_16BF, ldb_.data(), beta_.data(), ptrs + 2 * groups,
+      CUDA_R_16BF, ldc_.data(), groups, group_size_.data(), CUBLAS_COMPUTE_32F));
 }
 
-}  // namespace comet::bench
+void CublasExperts::prepare_grouped(const ExpertGemmShapes& s, const void* a, const void* b, void* c) {
+  prepared_ = s;
+  if (device_ptrs_) cudaFree(device_ptrs_);
+  device_ptrs_ = nullptr;
+  const int groups = grouped_groups(s);
+  if (groups == 0) return;
+  std::vector<void*> host(3 * size_t(groups));
+  grouped_pointers(s, a, b, c, host.data());
+  COMET_CUDA_CHECK(cudaMalloc(&device_ptrs_, host.size() * sizeof(void*)));
+  COMET_CUDA_CHECK(cudaMemcpy(device_ptrs_, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
+}
+
+void CublasExperts::grouped(CUstream_st* stream) {
+  if (device_ptrs_) grouped(prepared_, device_ptrs_, stream);
+}
+
+}  // namespace comet::cuda

@@ -1,0 +1,580 @@
+// BaselineMoe: the sequential (Megatron-style) and chunk-pipelined (FasterMoE/Tutel-style) MoE
+// layers of DESIGN §6 on GPUs (include/comet/baseline.h, docs/baselines.md).
+//
+// One forward, every rank's work driven from this host thread:
+//   1. route (device, per rank): route_scan + route_prefix count rows per chunk, expert and EP
+//      group, and rank every (token, slot) for the permutation (cuda/baseline_kernels.h)
+//   2. count exchange: every rank's count row to every rank (an all-gather through the
+//      inter-rank copy), copied to the host; the ONE host synchronization of the call
+//   3. host layout (core/baseline_layout.h), staged with the all-to-all segment lists and the
+//      cuBLAS pointer arrays, one host-to-device copy
+//   4. pack (per rank): each own token into the send buffer once per destination rank, with
+//      the A rows and routing weights it feeds there
+//   5. per chunk: dispatch all-to-all -> permute -> GEMM0 -> activation -> GEMM1 -> un-permute
+//      (weighted sum of the token's local experts, fp32) -> combine all-to-all -> owner reduce
+//      (sum over ranks in rank order, fp32) into y
+// Sequential: step 5 chunk after chunk on the caller's stream. Pipelined: dispatches, combines
+// and owner reduces on a communication stream, the rest on a compute stream; events order chunk
+// c's compute after its dispatch and its combine after its compute, and the communication stream
+// issues dispatch c+1 before waiting for compute c.
+// Pitfall: on one GPU the ranks' kernels share the device; a "rank's" step is a launch per rank.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "comet/baseline.h"
+#include "core/baseline_layout.h"
+#include "cuda/baseline_kernels.h"
+#include "cuda/check.h"
+#include "cuda/cublas_experts.h"
+#include "cuda/random_fill.h"
+#include "cuda/rank_copy.h"
+#include "cuda/rank_weights.h"
+#include "fabric/fabric.h"
+
+namespace comet {
+
+namespace {
+
+using core::kBaselineMaxChunks;
+using cuda::BaselineMeta;
+
+constexpr int64_t kAlign = 256;
+int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+int rows_per_token(const LayerConfig& c) { return std::min(c.model.topk, c.experts_per_rank()); }
+int meta_per_token(const LayerConfig& c) { return (rows_per_token(c) + 1) / 2 * 2; }
+int64_t max_send_rows(const LayerConfig& c) {
+  return int64_t(c.max_tokens_per_rank) * std::min(c.layout.ep, c.model.topk) * c.layout.tp;
+}
+int64_t max_recv_rows(const LayerConfig& c) { return int64_t(c.layout.world) * c.max_tokens_per_rank; }
+int64_t max_a_rows(const LayerConfig& c) { return max_recv_rows(c) * rows_per_token(c); }
+
+// Symmetric heap of one rank; every region starts at a multiple of 256 bytes. With Tm = T_max,
+// K = topk, H, Fl = F/TP, N0 = GEMM0 output columns (cuda::gemm0_weight_rows), MPT =
+// meta_per_token, S = Tm * min(EP, K) * TP, R = W * Tm, A = R * min(K, E/EP), NB = blocks of
+// route_scan, NK = E + EP, L = count row length for kBaselineMaxChunks chunks:
+//   send          bf16 [S][H]      own tokens in send order; the combine returns partial rows here
+//   send_meta     meta [S][MPT]    A rows and weights each sent token feeds on its destination
+//   recv          bf16 [R][H]      received tokens; after the un-permute, the partial rows
+//   recv_meta     meta [R][MPT]
+//   a_rows        bf16 [A][H]      expert-sorted GEMM0 input, then the GEMM1 output
+//   inter0        bf16 [A][N0]     GEMM0 output (SwiGLU: gate and up packed)
+//   inter         bf16 [A][Fl]     activation output, GEMM1 input
+//   count_row     i32  [L]         this rank's counts (core/baseline_layout.h)
+//   count_table   i32  [W][L]      every rank's count row (rows packed at the current length)
+//   item_rank     i32  [Tm][K]     route_scan's in-block ranks
+//   group_rank    i32  [Tm][K]
+//   block_base    i32  [NB][NK]
+//   chunk_prefix  i32  [kBaselineMaxChunks][NK]
+//   send_pos      i32  [Tm][W]     row of own token t's block for rank d in send, or -1
+struct HeapLayout {
+  int64_t send = 0, send_meta = 0, recv = 0, recv_meta = 0, a_rows = 0, inter0 = 0, inter = 0, count_row = 0,
+          count_table = 0, item_rank = 0, group_rank = 0, block_base = 0, chunk_prefix = 0, send_pos = 0, total = 0;
+  explicit HeapLayout(const LayerConfig& c) {
+    const int64_t H = c.model.hidden, Tm = c.max_tokens_per_rank, K = c.model.topk, W = c.layout.world;
+    const int64_t NK = c.model.num_experts + c.layout.ep, L = core::baseline_count_row_len(c, kBaselineMaxChunks);
+    const int64_t NB = (Tm + cuda::kRouteScanTokens - 1) / cuda::kRouteScanTokens;
+    const int64_t meta = int64_t(meta_per_token(c)) * sizeof(BaselineMeta);
+    int64_t at = 0;
+    auto take = [&](int64_t bytes) {
+      const int64_t offset = at;
+      at += align_up(std::max<int64_t>(bytes, 1));
+      return offset;
+    };
+    send = take(max_send_rows(c) * H * 2);
+    send_meta = take(max_send_rows(c) * meta);
+    recv = take(max_recv_rows(c) * H * 2);
+    recv_meta = take(max_recv_rows(c) * meta);
+    a_rows = take(max_a_rows(c) * H * 2);
+    inter0 = take(max_a_rows(c) * cuda::gemm0_weight_rows(c) * 2);
+    inter = take(max_a_rows(c) * c.ffn_per_rank() * 2);
+    count_row = take(L * 4);
+    count_table = take(W * L * 4);
+    item_rank = take(Tm * K * 4);
+    group_rank = take(Tm * K * 4);
+    block_base = take(NB * NK * 4);
+    chunk_prefix = take(kBaselineMaxChunks * NK * 4);
+    send_pos = take(Tm * W * 4);
+    total = at;
+  }
+};
+
+// Host staging of one forward (pinned) and its device copy: every rank's sender table, the
+// all-to-all segment lists, the cuBLAS pointer arrays; each section at its worst-case size.
+struct StagingLayout {
+  int64_t table_entries = 0;  // per rank
+  int64_t tables = 0, segments = 0, segment_bytes = 0, pointers = 0, pointer_entries = 0, total = 0;
+  explicit StagingLayout(const LayerConfig& c) {
+    const int64_t W = c.layout.world;
+    table_entries = core::BaselineLayout::sender_table_entries(int(W), c.model.num_experts, kBaselineMaxChunks);
+    tables = 0;
+    segments = align_up(W * table_entries * 4);
+    // Dispatch: rows and metadata per (source, destination); combine: rows.
+    segment_bytes = 3 * W * W * kBaselineMaxChunks * int64_t(sizeof(cuda::CopySegment));
+    pointers = segments + align_up(segment_bytes);
+    // Two GEMMs per (rank, chunk), B/A/C per expert.
+    pointer_entries = 2 * W * kBaselineMaxChunks * 3 * int64_t(c.experts_per_rank());
+    total = pointers + align_up(pointer_entries * int64_t(sizeof(void*)));
+  }
+};
+
+LayerConfig gpu_config(LayerConfig c) {
+  c.dtype = DType::kBF16;
+  return c;
+}
+
+void check_options(const BaselineOptions& o) {
+  COMET_CHECK(o.chunks >= 1 && o.chunks <= kBaselineMaxChunks,
+              "BaselineMoe: chunks must be within [1, " << kBaselineMaxChunks << "], got " << o.chunks);
+  COMET_CHECK(o.gemm == BaselineGemm::kPerExpertLoop || o.gemm == BaselineGemm::kGroupedBatched,
+              "BaselineMoe: unknown GEMM variant " << int(o.gemm));
+}
+
+}  // namespace
+
+const char* baseline_gemm_name(BaselineGemm gemm) {
+  switch (gemm) {
+    case BaselineGemm::kPerExpertLoop: return "cublas-loop";
+    case BaselineGemm::kGroupedBatched: return "cublas-grouped";
+  }
+  return "?";
+}
+
+std::string BaselineOptions::describe() const {
+  std::string s = chunks == 1 && !pipelined ? "sequential"
+                                            : "chunked C=" + std::to_string(chunks) +
+                                                  (pipelined ? " (pipelined)" : " (one stream)");
+  return s + ", " + baseline_gemm_name(gemm);
+}
+
+BaselineOptions sequential_baseline(BaselineGemm gemm) { return BaselineOptions{1, false, gemm}; }
+BaselineOptions chunked_baseline(int chunks, BaselineGemm gemm) { return BaselineOptions{chunks, true, gemm}; }
+
+struct BaselineMoe::Impl {
+  LayerConfig config;
+  fabric::Fabric& fabric;
+  BaselineOptions options;
+  HeapLayout heap;
+  StagingLayout staging_layout;
+  cuda::BaselineDims dims;
+  int n0 = 0;  // GEMM0 output columns
+  std::vector<void*> w0, w1;
+  bool have_weights = false;
+  std::unique_ptr<cuda::CublasExperts> cublas = std::make_unique<cuda::CublasExperts>();
+
+  char* staging = nullptr;    // pinned, staging_layout.total
+  char* upload = nullptr;     // device copy of staging
+  int32_t* host_rows = nullptr;  // pinned [W][L]
+  cuda::AllToAllPlan gather;  // the count exchange, one per chunk count
+  void* gather_segments = nullptr;
+  cudaStream_t comm = nullptr, compute = nullptr;
+  std::vector<cudaEvent_t> dispatched, computed;
+  cudaEvent_t fork = nullptr, comm_done = nullptr, compute_done = nullptr, staged = nullptr, finished = nullptr;
+
+  // The last forward's plan.
+  bool have_layout = false;
+  core::BaselineLayout layout;
+  cuda::AllToAllPlan a2a;
+  std::vector<int> dispatch_id, combine_id;                // [chunk]
+  std::vector<cuda::ExpertGemmShapes> shapes0, shapes1;    // [rank][chunk]
+  std::vector<int64_t> pointers0, pointers1;               // [rank][chunk], offsets in pointer entries
+  BaselineTraffic traffic;
+
+  Impl(const LayerConfig& c, fabric::Fabric& f)
+      : config(gpu_config(c)), fabric(f), heap(config), staging_layout(config) {}
+  ~Impl() {
+    // Work still in flight on the internal streams uses everything below; the cuBLAS handle
+    // names one of the streams.
+    if (comm) cudaStreamSynchronize(comm);
+    if (compute) cudaStreamSynchronize(compute);
+    cublas.reset();
+    for (void* p : w0) if (p) cudaFree(p);
+    for (void* p : w1) if (p) cudaFree(p);
+    if (upload) cudaFree(upload);
+    if (gather_segments) cudaFree(gather_segments);
+    if (staging) cudaFreeHost(staging);
+    if (host_rows) cudaFreeHost(host_rows);
+    for (cudaEvent_t e : dispatched) cudaEventDestroy(e);
+    for (cudaEvent_t e : computed) cudaEventDestroy(e);
+    for (cudaEvent_t e : {fork, comm_done, compute_done, staged, finished}) if (e) cudaEventDestroy(e);
+    if (comm) cudaStreamDestroy(comm);
+    if (compute) cudaStreamDestroy(compute);
+  }
+
+  char* at(int r, int64_t offset) const { return static_cast<char*>(fabric.base(r)) + offset; }
+  template <class T>
+  T* at(int r, int64_t offset) const { return reinterpret_cast<T*>(at(r, offset)); }
+  int64_t row_bytes() const { return int64_t(config.model.hidden) * 2; }
+  int64_t meta_bytes() const { return int64_t(dims.meta_per_token) * sizeof(BaselineMeta); }
+
+  void apply_options(const BaselineOptions& o) {
+    check_options(o);
+    options = o;
+    dims.chunks = o.chunks;
+    dims.count_row_len = core::baseline_count_row_len(config, o.chunks);
+    have_layout = false;
+  }
+
+  // The count exchange of every chunk count (all-to-all id = chunks - 1): rank r's row into slot
+  // r of every rank's table, rows packed at that count's length. Staged once, so that changing
+  // options costs nothing inside a timed loop.
+  void stage_count_exchanges() {
+    const int W = config.layout.world;
+    gather.clear();
+    for (int chunks = 1; chunks <= kBaselineMaxChunks; ++chunks) {
+      const int id = gather.add();
+      const int64_t bytes = int64_t(core::baseline_count_row_len(config, chunks)) * 4;
+      for (int r = 0; r < W; ++r)
+        for (int q = 0; q < W; ++q)
+          gather.add_transfer(id, {r, q, at(r, heap.count_row), at(q, heap.count_table) + r * bytes, bytes});
+    }
+    std::vector<char> host(gather.staged_bytes());
+    COMET_CUDA_CHECK(cudaMalloc(&gather_segments, host.size()));
+    gather.stage(host.data(), gather_segments);
+    COMET_CUDA_CHECK(cudaMemcpy(gather_segments, host.data(), host.size(), cudaMemcpyHostToDevice));
+  }
+
+  // Steps 1-2: counts on the device, exchanged, read back (the host synchronization).
+  void route(const std::vector<RankTensors>& in, cudaStream_t stream) {
+    const int W = config.layout.world;
+    for (int r = 0; r < W; ++r) {
+      int32_t* row = at<int32_t>(r, heap.count_row);
+      COMET_CUDA_CHECK(cudaMemsetAsync(row, 0, size_t(dims.count_row_len) * 4, stream));
+      cuda::launch_route_scan(dims, in[r].expert_ids, in[r].num_tokens, row, at<int32_t>(r, heap.item_rank),
+                              at<int32_t>(r, heap.group_rank), at<int32_t>(r, heap.block_base), stream);
+      cuda::launch_route_prefix(dims, row, at<int32_t>(r, heap.block_base), at<int32_t>(r, heap.chunk_prefix), stream);
+    }
+    gather.run(options.chunks - 1, stream);
+    // Every rank now holds every row; one rank's table is what one process would read.
+    COMET_CUDA_CHECK(cudaMemcpyAsync(host_rows, at(0, heap.count_table), size_t(W) * dims.count_row_len * 4,
+                                     cudaMemcpyDeviceToHost, stream));
+    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+
+  // Step 3: the layout, the all-to-alls and the GEMM shapes of this call, staged and uploaded.
+  void plan(cudaStream_t stream) {
+    const int W = config.layout.world, C = options.chunks, epr = config.experts_per_rank();
+    const int H = config.model.hidden, Fl = config.ffn_per_rank();
+    const core::BaselineCounts counts = core::parse_baseline_counts(config, host_rows, C);  // throws on bad input
+    layout = core::BaselineLayout(config, counts);
+    have_layout = false;
+    for (int r = 0; r < W; ++r)
+      COMET_CHECK(layout.send_total(r) <= max_send_rows(config) && layout.recv_total(r) <= max_recv_rows(config) &&
+                      layout.a_total(r) <= max_a_rows(config),
+                  "BaselineMoe: rank " << r << " needs more rows than its buffers hold (send "
+                                       << layout.send_total(r) << ", recv " << layout.recv_total(r) << ", A "
+                                       << layout.a_total(r) << ")");
+    COMET_CUDA_CHECK(cudaEventSynchronize(staged));  // the previous upload has read the staging
+    const StagingLayout& s = staging_layout;
+    for (int r = 0; r < W; ++r)
+      layout.write_sender_table(r, reinterpret_cast<int32_t*>(staging + s.tables) + r * s.table_entries);
+
+    a2a.clear();
+    dispatch_id.assign(C, -1);
+    combine_id.assign(C, -1);
+    for (int c = 0; c < C; ++c) {
+      dispatch_id[c] = a2a.add();
+      combine_id[c] = a2a.add();
+      for (int src = 0; src < W; ++src)
+        for (int dst = 0; dst < W; ++dst) {
+          const int64_t rows = layout.send_rows(src, c, dst), sent = layout.send_begin(src, c, dst),
+                        got = layout.recv_begin(dst, c, src);
+          a2a.add_transfer(dispatch_id[c], {src, dst, at(src, heap.send) + sent * row_bytes(),
+                                            at(dst, heap.recv) + got * row_bytes(), rows * row_bytes()});
+          a2a.add_transfer(dispatch_id[c], {src, dst, at(src, heap.send_meta) + sent * meta_bytes(),
+                                            at(dst, heap.recv_meta) + got * meta_bytes(), rows * meta_bytes()});
+          a2a.add_transfer(combine_id[c], {dst, src, at(dst, heap.recv) + got * row_bytes(),
+                                           at(src, heap.send) + sent * row_bytes(), rows * row_bytes()});
+        }
+    }
+    COMET_CHECK(a2a.staged_bytes() <= s.segment_bytes, "BaselineMoe: segment lists overflow their staging");
+    a2a.stage(staging + s.segments, upload + s.segments);
+
+    shapes0.assign(size_t(W) * C, {});
+    shapes1.assign(size_t(W) * C, {});
+    pointers0.assign(size_t(W) * C, -1);
+    pointers1.assign(size_t(W) * C, -1);
+    void** pointers = reinterpret_cast<void**>(staging + s.pointers);
+    int64_t used = 0;
+    for (int d = 0; d < W; ++d)
+      for (int c = 0; c < C; ++c) {
+        const size_t i = size_t(d) * C + c;
+        cuda::ExpertGemmShapes& g0 = shapes0[i];
+        for (int el = 0; el < epr; ++el) {
+          g0.rows.push_back(layout.a_rows(d, c, el));
+          g0.offsets.push_back(layout.a_begin(d, c, el));
+        }
+        g0.n = n0;
+        g0.k = H;
+        shapes1[i] = g0;
+        shapes1[i].n = H;
+        shapes1[i].k = Fl;
+        if (options.gemm != BaselineGemm::kGroupedBatched) continue;
+        pointers0[i] = used;
+        cuda::CublasExperts::grouped_pointers(g0, at(d, heap.a_rows), w0[d], at(d, heap.inter0), pointers + used);
+        used += 3 * cuda::CublasExperts::grouped_groups(g0);
+        pointers1[i] = used;
+        cuda::CublasExperts::grouped_pointers(shapes1[i], at(d, heap.inter), w1[d], at(d, heap.a_rows),
+                                              pointers + used);
+        used += 3 * cuda::CublasExperts::grouped_groups(shapes1[i]);
+      }
+    COMET_CHECK(used <= s.pointer_entries, "BaselineMoe: GEMM pointer arrays overflow their staging");
+    COMET_CUDA_CHECK(cudaMemcpyAsync(upload, staging, s.segments + a2a.staged_bytes(), cudaMemcpyHostToDevice, stream));
+    if (used)
+      COMET_CUDA_CHECK(cudaMemcpyAsync(upload + s.pointers, staging + s.pointers, used * sizeof(void*),
+                                       cudaMemcpyHostToDevice, stream));
+    COMET_CUDA_CHECK(cudaEventRecord(staged, stream));
+
+    traffic = {};
+    for (int c = 0; c < C; ++c) {
+      traffic.dispatch_bytes += a2a.bytes(dispatch_id[c], false);
+      traffic.dispatch_remote_bytes += a2a.bytes(dispatch_id[c], true);
+      traffic.combine_bytes += a2a.bytes(combine_id[c], false);
+      traffic.combine_remote_bytes += a2a.bytes(combine_id[c], true);
+    }
+    have_layout = true;
+  }
+
+  // Step 4.
+  void pack(const std::vector<RankTensors>& in, cudaStream_t stream) const {
+    for (int r = 0; r < config.layout.world; ++r) {
+      cuda::BaselinePackArgs a;
+      a.dims = dims;
+      a.num_tokens = layout.num_tokens(r);
+      a.x = in[r].x;
+      a.expert_ids = in[r].expert_ids;
+      a.weights = in[r].weights;
+      a.item_rank = at<int32_t>(r, heap.item_rank);
+      a.group_rank = at<int32_t>(r, heap.group_rank);
+      a.block_base = at<int32_t>(r, heap.block_base);
+      a.chunk_prefix = at<int32_t>(r, heap.chunk_prefix);
+      a.sender_table =
+          reinterpret_cast<const int32_t*>(upload + staging_layout.tables) + r * staging_layout.table_entries;
+      a.send_rows = at(r, heap.send);
+      a.send_meta = at<BaselineMeta>(r, heap.send_meta);
+      a.send_pos = at<int32_t>(r, heap.send_pos);
+      cuda::launch_pack(a, stream);
+    }
+  }
+
+  // Step 5, one piece each.
+  void dispatch(int c, cudaStream_t stream) const { a2a.run(dispatch_id[c], stream); }
+  void combine(int c, cudaStream_t stream) const { a2a.run(combine_id[c], stream); }
+
+  void gemm(int which, int d, int c, cudaStream_t stream) {
+    const size_t i = size_t(d) * layout.chunks() + c;
+    const cuda::ExpertGemmShapes& s = which == 0 ? shapes0[i] : shapes1[i];
+    if (options.gemm == BaselineGemm::kGroupedBatched) {
+      void* const* device = reinterpret_cast<void* const*>(upload + staging_layout.pointers) +
+                            (which == 0 ? pointers0[i] : pointers1[i]);
+      cublas->grouped(s, device, stream);
+    } else if (which == 0) {
+      cublas->per_expert_loop(s, at(d, heap.a_rows), w0[d], at(d, heap.inter0), stream);
+    } else {
+      cublas->per_expert_loop(s, at(d, heap.inter), w1[d], at(d, heap.a_rows), stream);
+    }
+  }
+
+  void compute_chunk(int c, cudaStream_t stream) {
+    const int H = config.model.hidden, mpt = dims.meta_per_token;
+    for (int d = 0; d < config.layout.world; ++d) {
+      const int j0 = layout.recv_chunk_begin(d, c), j1 = layout.recv_chunk_begin(d, c + 1);
+      if (j0 == j1) continue;
+      const BaselineMeta* meta = at<BaselineMeta>(d, heap.recv_meta);
+      cuda::launch_permute(j0, j1, H, mpt, at(d, heap.recv), meta, at(d, heap.a_rows), stream);
+      gemm(0, d, c, stream);
+      cuda::launch_activation(config.model.activation, layout.a_chunk_begin(d, c), layout.a_chunk_begin(d, c + 1),
+                              config.ffn_per_rank(), n0, at(d, heap.inter0), at(d, heap.inter), stream);
+      gemm(1, d, c, stream);
+      cuda::launch_unpermute(j0, j1, H, mpt, at(d, heap.a_rows), meta, at(d, heap.recv), stream);
+    }
+  }
+
+  void reduce_chunk(int c, const std::vector<RankTensors>& in, cudaStream_t stream) const {
+    const int W = config.layout.world, C = layout.chunks();
+    for (int r = 0; r < W; ++r) {
+      const int T = layout.num_tokens(r);
+      cuda::launch_owner_reduce(core::chunk_begin(T, C, c), core::chunk_begin(T, C, c + 1), W, config.model.hidden,
+                                at(r, heap.send), at<int32_t>(r, heap.send_pos), in[r].y, stream);
+    }
+  }
+
+  void run_sequential(const std::vector<RankTensors>& in, cudaStream_t stream) {
+    for (int c = 0; c < layout.chunks(); ++c) {
+      dispatch(c, stream);
+      compute_chunk(c, stream);
+      combine(c, stream);
+      reduce_chunk(c, in, stream);
+    }
+  }
+
+  void run_pipelined(const std::vector<RankTensors>& in, cudaStream_t stream) {
+    const int C = layout.chunks();
+    COMET_CUDA_CHECK(cudaEventRecord(fork, stream));
+    COMET_CUDA_CHECK(cudaStreamWaitEvent(comm, fork, 0));
+    COMET_CUDA_CHECK(cudaStreamWaitEvent(compute, fork, 0));
+    dispatch(0, comm);
+    COMET_CUDA_CHECK(cudaEventRecord(dispatched[0], comm));
+    for (int c = 0; c < C; ++c) {
+      COMET_CUDA_CHECK(cudaStreamWaitEvent(compute, dispatched[c], 0));
+      compute_chunk(c, compute);
+      COMET_CUDA_CHECK(cudaEventRecord(computed[c], compute));
+      if (c + 1 < C) {  // issued before the wait below, so it overlaps chunk c's GEMMs
+        dispatch(c + 1, comm);
+        COMET_CUDA_CHECK(cudaEventRecord(dispatched[c + 1], comm));
+      }
+      COMET_CUDA_CHECK(cudaStreamWaitEvent(comm, computed[c], 0));
+      combine(c, comm);
+      reduce_chunk(c, in, comm);
+    }
+    COMET_CUDA_CHECK(cudaEventRecord(comm_done, comm));
+    COMET_CUDA_CHECK(cudaEventRecord(compute_done, compute));
+    COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done, 0));
+    COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, compute_done, 0));
+  }
+};
+
+Status BaselineMoe::can_implement(const LayerConfig& c) {
+  const Status s = c.validate();
+  if (!s) return s;
+  const int Fl = c.ffn_per_rank();
+  if (c.model.hidden % 8 != 0 || Fl % 8 != 0)
+    return Status::failure("the baselines need H and F/TP multiples of 8 (16-byte rows), got H=" +
+                           std::to_string(c.model.hidden) + ", F/TP=" + std::to_string(Fl));
+  if (c.model.topk > 32)
+    return Status::failure("the baselines support topk <= 32, got " + std::to_string(c.model.topk));
+  if (c.model.num_experts + c.layout.ep > 1536)
+    return Status::failure("the baselines support E + EP <= 1536 (shared-memory routing tables), got " +
+                           std::to_string(c.model.num_experts + c.layout.ep));
+  if (c.max_tokens_per_rank < 1) return Status::failure("max_tokens_per_rank must be >= 1");
+  if (max_a_rows(c) > (int64_t(1) << 31) - 1 || max_send_rows(c) > (int64_t(1) << 31) - 1)
+    return Status::failure("a rank's buffers would hold more than 2^31 - 1 rows (" + std::to_string(max_a_rows(c)) +
+                           "): fewer tokens per rank");
+  return Status::success();
+}
+
+int64_t BaselineMoe::device_bytes(const LayerConfig& config) {
+  const LayerConfig c = gpu_config(config);
+  const int64_t W = c.layout.world, H = c.model.hidden, Fl = c.ffn_per_rank();
+  const int64_t weights = int64_t(c.experts_per_rank()) * (cuda::gemm0_weight_rows(c) + Fl) * H * 2;
+  const int64_t cublas_workspace = int64_t(64) << 20;
+  const int64_t count_exchanges = kBaselineMaxChunks * W * W * int64_t(sizeof(cuda::CopySegment));
+  return W * (HeapLayout(c).total + weights) + StagingLayout(c).total + cublas_workspace + count_exchanges;
+}
+
+BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, const BaselineOptions& options) {
+  const Status ok = can_implement(config);
+  COMET_CHECK(ok.ok, "BaselineMoe: " << ok.reason);
+  check_options(options);
+  COMET_CHECK(fabric.world() == config.layout.world,
+              "BaselineMoe: the fabric has " << fabric.world() << " ranks, the layout " << config.layout.world);
+  for (int r = 1; r < fabric.world(); ++r)
+    COMET_CHECK(fabric.device_of(r) == fabric.device_of(0),
+                "BaselineMoe: ranks on several GPUs are not supported yet (rank " << r << " is on GPU "
+                                                                                  << fabric.device_of(r) << ")");
+  impl_ = std::make_unique<Impl>(config, fabric);
+  Impl& m = *impl_;
+  const LayerConfig& c = m.config;
+  const int W = c.layout.world;
+  m.n0 = cuda::gemm0_weight_rows(c);
+  m.dims.world = W;
+  m.dims.ep = c.layout.ep;
+  m.dims.tp = c.layout.tp;
+  m.dims.num_experts = c.model.num_experts;
+  m.dims.experts_per_rank = c.experts_per_rank();
+  m.dims.topk = c.model.topk;
+  m.dims.hidden = c.model.hidden;
+  m.dims.t_max = c.max_tokens_per_rank;
+  m.dims.meta_per_token = meta_per_token(c);
+  m.fabric.allocate(m.heap.total);
+  m.w0.assign(W, nullptr);
+  m.w1.assign(W, nullptr);
+  COMET_CUDA_CHECK(cudaMallocHost(&m.staging, m.staging_layout.total));
+  COMET_CUDA_CHECK(cudaMalloc(&m.upload, m.staging_layout.total));
+  COMET_CUDA_CHECK(cudaMallocHost(&m.host_rows, size_t(W) * core::baseline_count_row_len(c, kBaselineMaxChunks) * 4));
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm, cudaStreamNonBlocking));
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&m.compute, cudaStreamNonBlocking));
+  for (auto* events : {&m.dispatched, &m.computed}) {
+    events->assign(kBaselineMaxChunks, nullptr);
+    for (cudaEvent_t& e : *events) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  for (cudaEvent_t* e : {&m.fork, &m.comm_done, &m.compute_done, &m.staged, &m.finished})
+    COMET_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  m.stage_count_exchanges();
+  m.apply_options(options);
+}
+
+BaselineMoe::~BaselineMoe() = default;
+
+void BaselineMoe::set_options(const BaselineOptions& options) { impl_->apply_options(options); }
+const BaselineOptions& BaselineMoe::options() const { return impl_->options; }
+const LayerConfig& BaselineMoe::config() const { return impl_->config; }
+BaselineTraffic BaselineMoe::last_traffic() const { return impl_->traffic; }
+
+void BaselineMoe::set_weights(const ExpertWeights& weights) {
+  Impl& m = *impl_;
+  for (int r = 0; r < m.config.layout.world; ++r) {
+    const cuda::RankWeights w = cuda::slice_rank_weights(m.config, weights, r);
+    if (!m.w0[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w0[r], w.w0.size() * 2));
+    if (!m.w1[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w1[r], w.w1.size() * 2));
+    COMET_CUDA_CHECK(cudaMemcpy(m.w0[r], w.w0.data(), w.w0.size() * 2, cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMemcpy(m.w1[r], w.w1.data(), w.w1.size() * 2, cudaMemcpyHostToDevice));
+  }
+  m.have_weights = true;
+  m.have_layout = false;  // grouped pointer arrays name the weights
+}
+
+// The streams and scales of MoeLayer::set_random_weights, over the same layouts.
+void BaselineMoe::set_random_weights(uint64_t seed) {
+  Impl& m = *impl_;
+  const size_t epr = m.config.experts_per_rank(), H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
+  const size_t n0 = epr * m.n0 * H, n1 = epr * H * Fl;
+  for (int r = 0; r < m.config.layout.world; ++r) {
+    if (!m.w0[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w0[r], n0 * 2));
+    if (!m.w1[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w1[r], n1 * 2));
+    cuda::fill_uniform_bf16(m.w0[r], n0, seed * 64 + 2 * r, 1.f / std::sqrt(float(H)));
+    cuda::fill_uniform_bf16(m.w1[r], n1, seed * 64 + 2 * r + 1, 1.f / std::sqrt(float(Fl)));
+  }
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  m.have_weights = true;
+  m.have_layout = false;
+}
+
+void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* stream) {
+  Impl& m = *impl_;
+  const int W = m.config.layout.world;
+  COMET_CHECK(m.have_weights, "BaselineMoe: set_weights() or set_random_weights() must be called before forward()");
+  COMET_CHECK(int(in.size()) == W,
+              "BaselineMoe: forward got tensors for " << in.size() << " ranks, the layer has " << W);
+  for (int r = 0; r < W; ++r)
+    COMET_CHECK(in[r].x && in[r].expert_ids && in[r].weights && in[r].num_tokens && in[r].y,
+                "BaselineMoe: rank " << r << " has a null tensor pointer");
+  // A previous call on another stream may still read the upload buffer and the heap.
+  COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, m.finished, 0));
+  m.route(in, stream);
+  m.plan(stream);
+  m.pack(in, stream);
+  if (m.options.pipelined) m.run_pipelined(in, stream);
+  else m.run_sequential(in, stream);
+  COMET_CUDA_CHECK(cudaEventRecord(m.finished, stream));
+}
+
+void BaselineMoe::run_part(Part part, CUstream_st* stream) {
+  Impl& m = *impl_;
+  COMET_CHECK(m.have_layout,
+              "BaselineMoe: run forward() once (after the last set_options or set_weights) before run_part()");
+  COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, m.finished, 0));
+  for (int c = 0; c < m.layout.chunks(); ++c) {
+    if (part == Part::kCompute) {
+      m.compute_chunk(c, stream);
+    } else {
+      m.dispatch(c, stream);
+      m.combine(c, stream);
+    }
+  }
+  COMET_CUDA_CHECK(cudaEventRecord(m.finished, stream));
+}
+
+}  // namespace comet

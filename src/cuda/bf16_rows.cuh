@@ -1,0 +1,39 @@
+// cuda/bf16_rows.cuh: fp32 arithmetic on rows of bf16 moved 16 bytes (8 values) at a time, for the
+// copy-and-reduce kernels (rows are H-wide with H % 8 == 0).
+#pragma once
+
+#include <cuda_bf16.h>
+
+namespace comet::cuda {
+
+// acc[i] += w * v[i] for the 8 bf16 values in v.
+__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const uint4& v, float w) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(h[q]);
+    acc[2 * q] += w * f.x;
+    acc[2 * q + 1] += w * f.y;
+  }
+}
+
+// The 8 values rounded to bf16 (nearest even).
+__device__ __forceinline__ uint4 bf16x8(const float (&acc)[8]) {
+  uint4 out;
+  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+  return out;
+}
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&out)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(h[q]);
+    out[2 * q] = f.x;
+    out[2 * q + 1] = f.y;
+  }
+}
+
+}  // namespace comet::cuda

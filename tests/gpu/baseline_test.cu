@@ -1,0 +1,254 @@
+// GPU tests of the baselines (label `gpu`, comet/baseline.h): W virtual ranks on one GPU (Loopback
+// fabric), the layer cases of layer_cases.h (every preset scaled down, EP, TP and EP+TP, W in
+// {1,2,4,8}, uniform / Zipf with masked slots / imbalance routing, an empty rank) against the
+// fp64 oracle; every activation; bad input; the same random weights as MoeLayer.
+//
+// Tolerance: ref::tolerance_for(bf16) = 1e-2 relative L2, the argument of ref/oracle.h (a few bf16
+// roundings of the output norm, each ~2e-3; one wrong row among these sizes moves rel_l2 far
+// more). The baselines round once more than MoeLayer (the GEMM0 output before the activation).
+// What is guaranteed and tested bitwise: repeated calls; the pipelined schedule with chunks = 1
+// against the sequential one (the same kernels and cuBLAS calls). With more chunks cuBLAS sees
+// fewer rows per call and may choose other kernels, so chunks > 1 is held to the tolerance
+// (against the oracle and against the sequential output); whether it was bitwise equal anyway
+// is printed.
+#include <iostream>
+#include <memory>
+
+#include "comet/baseline.h"
+#include "comet/layer.h"
+#include "comet/problem.h"
+#include "cuda/device_problem.h"
+#include "fabric/fabric.h"
+#include "gpu_test_util.h"
+#include "layer_cases.h"
+#include "ref/oracle.h"
+#include "support/test_support.h"
+
+namespace comet {
+namespace {
+
+using test::LayerCase;
+
+std::vector<std::vector<double>> as_double(const std::vector<std::vector<float>>& v) {
+  std::vector<std::vector<double>> out;
+  for (const auto& r : v) out.emplace_back(r.begin(), r.end());
+  return out;
+}
+
+::testing::AssertionResult close_to(const std::vector<std::vector<float>>& got,
+                                    const std::vector<std::vector<double>>& want) {
+  const ref::Comparison cmp = ref::compare_outputs(got, want);
+  if (cmp.within(ref::tolerance_for(DType::kBF16))) return ::testing::AssertionSuccess() << cmp.describe();
+  return ::testing::AssertionFailure() << cmp.describe();
+}
+
+// One forward with poisoned outputs first, so that every checked row comes from this call.
+std::vector<std::vector<float>> run(BaselineMoe& layer, cuda::DeviceProblem& d, cudaStream_t stream = nullptr) {
+  d.poison_y();
+  layer.forward(d.tensors(), stream);
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return d.download_y();
+}
+
+// A case's problem (with `activation`), a baseline layer holding its weights, its inputs on the GPU.
+struct BaselineCase {
+  LayerConfig config;
+  MoeProblem problem;
+  std::unique_ptr<fabric::Fabric> fabric;
+  std::unique_ptr<BaselineMoe> layer;
+  std::unique_ptr<cuda::DeviceProblem> device;
+  BaselineCase(const LayerCase& lc, const BaselineOptions& options, Activation activation = Activation::kSwiGlu) {
+    config = lc.config();
+    config.model.activation = activation;
+    problem = make_problem(config, lc.tokens, lc.spec, lc.seed);
+    fabric = fabric::make_loopback_fabric(config.layout.world);
+    layer = std::make_unique<BaselineMoe>(config, *fabric, options);
+    layer->set_weights(problem.weights);
+    device = std::make_unique<cuda::DeviceProblem>(config, problem);
+  }
+  std::vector<std::vector<float>> run() { return comet::run(*layer, *device); }
+};
+
+class BaselineTest : public ::testing::TestWithParam<LayerCase> {};
+
+TEST_P(BaselineTest, SequentialAndChunkedMatchTheOracle) {
+  COMET_REQUIRE_GPU();
+  SCOPED_TRACE(GetParam().describe());
+  BaselineCase s(GetParam(), sequential_baseline());
+  BaselineMoe& layer = *s.layer;
+  cuda::DeviceProblem& d = *s.device;
+  const auto want = ref::oracle_forward(s.problem);
+
+  const auto sequential = run(layer, d);
+  EXPECT_TRUE(close_to(sequential, want)) << "sequential";
+  EXPECT_EQ(run(layer, d), sequential) << "a second sequential call differs";
+
+  for (int chunks : {1, 2, 3, 4}) {
+    SCOPED_TRACE("chunks " + std::to_string(chunks));
+    layer.set_options(chunked_baseline(chunks));
+    const auto chunked = run(layer, d);
+    if (chunks == 1) EXPECT_EQ(chunked, sequential) << "one pipelined chunk differs from sequential";
+    EXPECT_TRUE(close_to(chunked, want)) << "against the oracle";
+    EXPECT_TRUE(close_to(chunked, as_double(sequential))) << "against sequential";
+    EXPECT_EQ(run(layer, d), chunked) << "a second chunked call differs";
+    if (chunks > 1)
+      std::cout << "[   info   ] chunks " << chunks << (chunked == sequential ? " bitwise equal" : " not bitwise equal")
+                << " to sequential\n";
+  }
+  // The chunks one after another on one stream, and the grouped cuBLAS call.
+  layer.set_options({3, false, BaselineGemm::kPerExpertLoop});
+  EXPECT_TRUE(close_to(run(layer, d), want)) << "3 chunks on one stream";
+  layer.set_options(chunked_baseline(2, BaselineGemm::kGroupedBatched));
+  EXPECT_TRUE(close_to(run(layer, d), want)) << "2 chunks, grouped GEMM";
+  layer.set_options(sequential_baseline(BaselineGemm::kGroupedBatched));
+  EXPECT_TRUE(close_to(run(layer, d), want)) << "sequential, grouped GEMM";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BaselineTest, ::testing::ValuesIn(test::layer_cases()),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
+
+// Plain activations (no gate) on EP, TP and EP+TP layouts.
+TEST(Baseline, PlainActivationsMatchTheOracle) {
+  COMET_REQUIRE_GPU();
+  for (Activation act : {Activation::kGelu, Activation::kRelu, Activation::kSilu})
+    for (auto [world, tp] : {std::pair{4, 1}, {4, 2}, {2, 2}}) {
+      LayerCase lc{"qwen3-30b-a3b", 16, world, tp, 64, {}, {RoutingKind::kZipf, 1.1, 0.1}, 31};
+      for (int r = 0; r < world; ++r) lc.tokens.push_back(r == 2 ? 0 : 64 - 9 * r);
+      SCOPED_TRACE(lc.describe() + " activation " + activation_name(act));
+      BaselineCase s(lc, chunked_baseline(2), act);
+      EXPECT_TRUE(close_to(s.run(), ref::oracle_forward(s.problem)));
+    }
+}
+
+// Token counts and routing change between calls on one object (no reallocation, no stale rows);
+// a non-blocking stream; more chunks than a rank has tokens.
+TEST(Baseline, NewRoutingAndTokenCountsBetweenCalls) {
+  COMET_REQUIRE_GPU();
+  const LayerCase lc{"deepseek-v3", 16, 4, 2, 128, {128, 0, 77, 5}, {RoutingKind::kZipf, 1.5, 0.2}, 42};
+  const LayerConfig c = lc.config();
+  auto fabric = fabric::make_loopback_fabric(4);
+  BaselineMoe layer(c, *fabric, chunked_baseline(8));
+  const ExpertWeights weights = make_problem(c, lc.tokens, lc.spec, lc.seed).weights;
+  layer.set_weights(weights);
+  cudaStream_t stream;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int call = 0; call < 4; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    const std::vector<int> tokens = call % 2 ? std::vector<int>{3, 128, 0, 64} : lc.tokens;
+    MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + call);
+    p.weights = weights;
+    cuda::DeviceProblem d(c, p);
+    if (call == 3) layer.set_options(sequential_baseline());
+    EXPECT_TRUE(close_to(run(layer, d, stream), ref::oracle_forward(p)));
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Every slot masked on every rank: tokens exist, no rank holds any, y is zero; no tokens at all.
+TEST(Baseline, NothingRoutedGivesZeros) {
+  COMET_REQUIRE_GPU();
+  const LayerCase lc{"mixtral-8x7b", 16, 4, 2, 32, {32, 7, 0, 1}, {RoutingKind::kUniform, 0, 1.0}, 3};
+  BaselineCase s(lc, chunked_baseline(3));
+  const auto got = s.run();
+  for (size_t r = 0; r < got.size(); ++r) {
+    EXPECT_EQ(got[r].size(), size_t(lc.tokens[r]) * s.config.model.hidden);
+    for (float v : got[r]) ASSERT_EQ(v, 0.f) << "rank " << r;
+  }
+  const MoeProblem none = make_problem(s.config, {0, 0, 0, 0}, lc.spec, lc.seed);
+  cuda::DeviceProblem empty(s.config, none);
+  s.layer->forward(empty.tensors(), nullptr);
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(s.layer->last_traffic().dispatch_bytes, 0);
+}
+
+// Bad input throws naming the rank before any output is written; the next call works.
+TEST(Baseline, BadInputThrowsAndTheLayerStaysUsable) {
+  COMET_REQUIRE_GPU();
+  BaselineCase s(LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7}, chunked_baseline(2));
+  BaselineMoe& layer = *s.layer;
+  cuda::DeviceProblem& d = *s.device;
+  const LayerConfig& c = s.config;
+  const MoeProblem& p = s.problem;
+  d.set_token_count(1, 65);
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(d.tensors(), nullptr); },
+                                       {"bad input from rank 1", "num_tokens 65", "T_max = 64"}));
+  d.set_token_count(1, 30);
+
+  // An expert id out of range, then a repeated expert, in rank 0's routing on the device.
+  const RankTensors& t = d.tensors()[0];
+  int32_t* ids = const_cast<int32_t*>(t.expert_ids);
+  const int32_t good[2] = {p.routing[0].expert(5, 0), p.routing[0].expert(5, 1)};
+  const int32_t bad_id[2] = {good[0], c.model.num_experts};
+  COMET_CUDA_CHECK(cudaMemcpy(ids + 5 * c.model.topk, bad_id, sizeof bad_id, cudaMemcpyHostToDevice));
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(d.tensors(), nullptr); },
+                                       {"bad input from rank 0", "token 5 slot 1", "expert id 8"}));
+  const int32_t repeated[2] = {good[0], good[0]};
+  COMET_CUDA_CHECK(cudaMemcpy(ids + 5 * c.model.topk, repeated, sizeof repeated, cudaMemcpyHostToDevice));
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(d.tensors(), nullptr); },
+                                       {"bad input from rank 0", "token 5", "twice"}));
+  COMET_CUDA_CHECK(cudaMemcpy(ids + 5 * c.model.topk, good, sizeof good, cudaMemcpyHostToDevice));
+  EXPECT_TRUE(close_to(run(layer, d), ref::oracle_forward(p)));
+}
+
+// set_random_weights writes MoeLayer's weights: on the same inputs the outputs agree within the
+// tolerance (different GEMMs and one more rounding, the same math).
+TEST(Baseline, RandomWeightsEqualMoeLayers) {
+  COMET_REQUIRE_GPU();
+  const LayerCase lc{"deepseek-v3", 16, 4, 2, 64, {64, 50, 0, 64}, {RoutingKind::kZipf, 1.2, 0.1}, 9};
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  cuda::DeviceProblem d(c, p);
+  auto comet_fabric = fabric::make_loopback_fabric(4);
+  MoeLayer comet_layer(c, *comet_fabric);
+  comet_layer.set_random_weights(5);
+  comet_layer.forward(d.tensors(), nullptr);
+  comet_layer.check(nullptr);
+  const auto want = as_double(d.download_y());
+  auto fabric = fabric::make_loopback_fabric(4);
+  BaselineMoe layer(c, *fabric, chunked_baseline(2));
+  layer.set_random_weights(5);
+  EXPECT_TRUE(close_to(run(layer, d), want));
+  layer.set_random_weights(6);  // other weights must not pass
+  EXPECT_FALSE(close_to(run(layer, d), want));
+}
+
+TEST(Baseline, PartsRunAfterAForward) {
+  COMET_REQUIRE_GPU();
+  BaselineCase s(LayerCase{"phi-3.5-moe", 16, 2, 1, 32, {32, 17}, {}, 4}, chunked_baseline(2));
+  BaselineMoe& layer = *s.layer;
+  const LayerConfig& c = s.config;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.run_part(BaselineMoe::Part::kCompute, nullptr); }, {"forward()"}));
+  const auto y = s.run();
+  layer.run_part(BaselineMoe::Part::kCompute, nullptr);
+  layer.run_part(BaselineMoe::Part::kCommunication, nullptr);
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  // Phi-3.5/16 on EP=2: 8 experts per rank, topk 2, so a dispatched row carries 2 metadata
+  // entries of 8 bytes; the combine moves the rows alone.
+  const BaselineTraffic traffic = layer.last_traffic();
+  EXPECT_GT(traffic.dispatch_remote_bytes, 0);
+  EXPECT_EQ(traffic.combine_remote_bytes * (c.model.hidden * 2 + 16),
+            traffic.dispatch_remote_bytes * c.model.hidden * 2);
+  EXPECT_GT(traffic.dispatch_bytes, traffic.dispatch_remote_bytes);  // rank 0's tokens for itself
+  EXPECT_EQ(s.run(), y) << "parts left state that changed the next forward";
+}
+
+TEST(Baseline, RefusesWhatItCannotRun) {
+  LayerConfig c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
+  c.model.hidden = 100;
+  EXPECT_NE(BaselineMoe::can_implement(c).reason.find("multiples of 8"), std::string::npos);
+  c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
+  EXPECT_TRUE(BaselineMoe::can_implement(c).ok);
+  EXPECT_GT(BaselineMoe::device_bytes(c), 0);
+  COMET_REQUIRE_GPU();
+  auto fabric = fabric::make_loopback_fabric(2);
+  EXPECT_TRUE(test::throws_with<Error>([&] { BaselineMoe refused(c, *fabric, chunked_baseline(0)); },
+                                       {"chunks must be within"}));
+  BaselineMoe layer(c, *fabric);
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(chunked_baseline(33)); }, {"chunks must be within"}));
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward({}, nullptr); }, {"set_weights"}));
+  auto three = fabric::make_loopback_fabric(3);
+  EXPECT_TRUE(test::throws_with<Error>([&] { BaselineMoe refused(c, *three); }, {"the fabric has 3 ranks"}));
+}
+
+}  // namespace
+}  // namespace comet

@@ -1,0 +1,126 @@
+// `comet tune`: sweeps n_comm0 x n_comm1 of the fused kernels over workloads on this GPU (W
+// virtual ranks, Loopback fabric) and writes the fastest pair of each workload into a tuning
+// table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md).
+//   comet tune --models mixtral-8x7b --tokens 1024,4096 --out tuning/nvidia-h200.json
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "comet/config.h"
+#include "comet/error.h"
+#include "comet/tuning.h"
+#include "io/tuning_json.h"
+#ifdef COMET_HAVE_CUDA
+#include "bench/layer_bench.h"
+#include "cuda/device_info.h"
+#endif
+
+namespace comet::tools {
+
+CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
+  CLI::App* t = app.add_subcommand("tune", "sweep n_comm of the fused kernels and write a tuning table (needs a GPU)");
+  t->add_option("--models", o.models, "presets, comma separated (default: all)")->delimiter(',');
+  t->add_option("--tokens", o.tokens, "tokens per rank, comma separated")->delimiter(',');
+  t->add_option("--ep", o.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
+  t->add_option("--tp", o.tp, "tensor-parallel ranks")->check(CLI::PositiveNumber);
+  t->add_option("--n-comm0", o.n_comm0, "layer0 candidates, comma separated")->delimiter(',')->check(CLI::PositiveNumber);
+  t->add_option("--n-comm1", o.n_comm1, "layer1 candidates, comma separated")->delimiter(',')->check(CLI::PositiveNumber);
+  t->add_option("--iters", o.iters, "timed iterations per candidate (median)")->check(CLI::Range(1, 100000));
+  t->add_option("--out", o.out, "tuning table to write (entries of an existing file are kept unless replaced)")
+      ->required();
+  return t;
+}
+
+int tune_command(const TuneOptions& o) {
+  for (const auto& m : o.models) {
+    try {
+      ModelPresets::get(m);
+    } catch (const Error& e) {
+      throw UsageError(std::string("--models: ") + e.what());
+    }
+  }
+  for (int t : o.tokens)
+    if (t < 1 || t > kMaxTokensPerRank)
+      throw UsageError("--tokens: every count must be within [1, " + std::to_string(kMaxTokensPerRank) + "]");
+  const std::filesystem::path out(o.out);
+  if (out.has_parent_path() && !std::filesystem::is_directory(out.parent_path()))
+    throw UsageError("--out: directory " + out.parent_path().string() + " does not exist");
+#ifndef COMET_HAVE_CUDA
+  throw UsageError("comet tune needs the CUDA backend; this build has none (nvcc was not found)");
+#else
+  const cuda::DeviceInfo info = cuda::query_device_info();
+  if (info.device_count == 0)
+    throw UsageError("comet tune needs a GPU; none is visible" + (info.error.empty() ? "" : " (" + info.error + ")"));
+  TuningTable table;
+  if (std::filesystem::exists(out)) table = io::load_tuning_table(o.out);
+
+  bench::LayerBenchOptions lo;
+  lo.models = o.models;
+  lo.tokens = o.tokens;
+  lo.ep = o.ep;
+  lo.tp = o.tp;
+  lo.n_comm0 = o.n_comm0;
+  lo.n_comm1 = o.n_comm1;
+  lo.iters = o.iters;
+  lo.warmup_ms = 50;
+  lo.baselines = false;
+  std::cerr << "comet tune: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP " << o.ep
+            << " x TP " << o.tp << " virtual ranks (loopback fabric), " << o.n_comm0.size() * o.n_comm1.size()
+            << " candidates per workload, median of " << o.iters << "\n";
+  const auto start = std::chrono::steady_clock::now();
+  const auto rows = bench::run_layer_bench(lo, [&](int done, int total, const std::string& what) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const int width = 30, filled = total > 0 ? width * done / total : width;
+    std::cerr << "\r[" << std::string(filled, '#') << std::string(width - filled, ' ') << "] " << done << "/" << total
+              << "  " << what;
+    if (done > 0) std::cerr << "  ETA " << int(std::lround(elapsed / done * (total - done))) << " s";
+    std::cerr << "        " << (done == total ? "\n" : "") << std::flush;
+  });
+
+  std::vector<TuneSample> samples;
+  for (const auto& r : rows) {
+    if (!r.fused_equals_unfused)
+      throw Error("comet tune: the fused output differs from the unfused one for " + r.model + " T=" +
+                  std::to_string(r.tokens) + " with n_comm " + std::to_string(r.n_comm0) + "/" +
+                  std::to_string(r.n_comm1) + "; no table written");
+    LayerConfig c;
+    c.model = ModelPresets::get(r.model);
+    c.layout = {r.world, r.ep, r.tp};
+    samples.push_back({tuning_key(c, info.name, info.num_sms, r.tokens), r.n_comm0, r.n_comm1, r.fused_us});
+  }
+  const TuneSummary s = summarize_tuning(samples);
+  for (const TuningEntry& e : s.table.entries()) table.add(e);
+  io::save_tuning_table(table, o.out);
+
+  std::cout << std::left << std::setw(16) << "model" << std::right << std::setw(7) << "T" << std::setw(10) << "n_comm"
+            << std::setw(12) << "tuned us" << std::setw(12) << "fixed us" << "\n"
+            << std::fixed << std::setprecision(1);
+  for (const TuningEntry& e : s.table.entries()) {
+    double fixed = 0;
+    for (const auto& x : samples)
+      if (x.key.same_workload_class(e.key) && x.key.tokens_per_rank == e.key.tokens_per_rank &&
+          x.n_comm0 == s.fixed_n_comm0 && x.n_comm1 == s.fixed_n_comm1)
+        fixed = x.latency_us;
+    std::string model;
+    for (const auto& r : rows)
+      if (r.tokens == e.key.tokens_per_rank && ModelPresets::get(r.model).hidden == e.key.hidden &&
+          ModelPresets::get(r.model).num_experts == e.key.num_experts)
+        model = r.model;
+    std::cout << std::left << std::setw(16) << model << std::right << std::setw(7) << e.key.tokens_per_rank
+              << std::setw(10) << (std::to_string(e.n_comm0) + "/" + std::to_string(e.n_comm1)) << std::setw(12)
+              << e.latency_us << std::setw(12) << fixed << "\n";
+  }
+  std::cout << "best single fixed n_comm: " << s.fixed_n_comm0 << "/" << s.fixed_n_comm1 << ", summed "
+            << s.fixed_total_us << " us; tuned choices summed " << s.tuned_total_us << " us ("
+            << std::setprecision(3) << s.fixed_total_us / s.tuned_total_us << "x)\n"
+            << "wrote " << s.table.entries().size() << " entries to " << o.out << " (" << table.entries().size()
+            << " in the file)\n";
+#endif
+  return 0;
+}
+
+}  // namespace comet::tools
