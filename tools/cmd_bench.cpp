@@ -57,9 +57,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   return bench;
 }
 
-namespace {
 // Model names and token counts are checked before the GPU starts; then the GPU itself.
-void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens) {
+void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens,
+                        const std::string& command) {
   for (const auto& m : models) {
     try {
       ModelPresets::get(m);
@@ -71,17 +71,16 @@ void check_bench_inputs(const std::vector<std::string>& models, const std::vecto
     if (t < 1 || t > kMaxTokensPerRank)
       throw UsageError("--tokens: every count must be within [1, " + std::to_string(kMaxTokensPerRank) + "]");
 #ifndef COMET_HAVE_CUDA
-  throw UsageError("comet bench needs the CUDA backend; this build has none (nvcc was not found)");
+  throw UsageError(command + " needs the CUDA backend; this build has none (nvcc was not found)");
 #else
   const cuda::DeviceInfo info = cuda::query_device_info();
   if (info.device_count == 0)
-    throw UsageError("comet bench needs a GPU; none is visible" + (info.error.empty() ? "" : " (" + info.error + ")"));
+    throw UsageError(command + " needs a GPU; none is visible" + (info.error.empty() ? "" : " (" + info.error + ")"));
 #endif
 }
-}  // namespace
 
 int bench_layer_command(const BenchLayerOptions& o) {
-  check_bench_inputs(o.models, o.tokens);
+  check_bench_inputs(o.models, o.tokens, "comet bench");
 #ifdef COMET_HAVE_CUDA
   bench::LayerBenchOptions lo;
   lo.models = o.models;
@@ -114,7 +113,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
 }
 
 int bench_gemm_command(const BenchOptions& o) {
-  check_bench_inputs(o.models, o.tokens);
+  check_bench_inputs(o.models, o.tokens, "comet bench");
 #ifdef COMET_HAVE_CUDA
   const cuda::DeviceInfo info = cuda::query_device_info();
   bench::GemmBenchOptions bo;

@@ -36,25 +36,12 @@ CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
 }
 
 int tune_command(const TuneOptions& o) {
-  for (const auto& m : o.models) {
-    try {
-      ModelPresets::get(m);
-    } catch (const Error& e) {
-      throw UsageError(std::string("--models: ") + e.what());
-    }
-  }
-  for (int t : o.tokens)
-    if (t < 1 || t > kMaxTokensPerRank)
-      throw UsageError("--tokens: every count must be within [1, " + std::to_string(kMaxTokensPerRank) + "]");
   const std::filesystem::path out(o.out);
   if (out.has_parent_path() && !std::filesystem::is_directory(out.parent_path()))
     throw UsageError("--out: directory " + out.parent_path().string() + " does not exist");
-#ifndef COMET_HAVE_CUDA
-  throw UsageError("comet tune needs the CUDA backend; this build has none (nvcc was not found)");
-#else
+  check_bench_inputs(o.models, o.tokens, "comet tune");
+#ifdef COMET_HAVE_CUDA
   const cuda::DeviceInfo info = cuda::query_device_info();
-  if (info.device_count == 0)
-    throw UsageError("comet tune needs a GPU; none is visible" + (info.error.empty() ? "" : " (" + info.error + ")"));
   TuningTable table;
   if (std::filesystem::exists(out)) table = io::load_tuning_table(o.out);
 

@@ -70,6 +70,11 @@ struct BenchLayerOptions {
   bool no_baselines = false;
   bool json = false;
 };
+// Presets and token counts of a GPU command (UsageError naming the option), then that a GPU
+// is there (UsageError naming `command`).
+void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens,
+                        const std::string& command);
+
 // comet tune: n_comm sweep -> tuning table (tools/cmd_tune.cpp). Needs a GPU.
 struct TuneOptions {
   std::vector<std::string> models;
