@@ -1,5 +1,5 @@
 // `comet bench layer`: fused vs unfused vs compute-only vs communication-only, and the two
-// baselines, one GPU.
+// baselines; W virtual ranks on one GPU, or one GPU per rank (local and nccl fabrics).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,7 +22,10 @@ namespace comet::bench {
 
 namespace {
 
-// Device inputs of every rank at full size, without host copies of x.
+constexpr int kLockstepWarmupRounds = 10;
+
+// Device inputs at full size of the ranks this process drives, each on its device, without
+// host copies of x.
 struct Inputs {
   std::vector<void*> owned;
   std::vector<RankTensors> tensors;
@@ -37,10 +40,13 @@ struct Inputs {
   }
 };
 
-std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, int tokens, uint64_t seed) {
+std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, const fabric::Fabric& f, int tokens, uint64_t seed) {
   auto in = std::make_unique<Inputs>();
-  const int W = c.layout.world, H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
-  for (int r = 0; r < W; ++r) {
+  const int H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
+  int device = 0;
+  COMET_CUDA_CHECK(cudaGetDevice(&device));
+  for (int r = f.first_local_rank(); r < f.first_local_rank() + f.num_local_ranks(); ++r) {
+    COMET_CUDA_CHECK(cudaSetDevice(f.device_of(r)));
     const Routing rt = generate_routing(RoutingSpec{}, tokens, c.model.routed_experts(), K, seed, r);
     RankTensors t;
     void* x = in->alloc(size_t(Tm) * H * 2);
@@ -58,6 +64,8 @@ std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, int tokens, uint64_t s
     t.y = in->alloc(size_t(Tm) * H * 2);
     in->tensors.push_back(t);
   }
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  COMET_CUDA_CHECK(cudaSetDevice(device));
   return in;
 }
 
@@ -142,17 +150,23 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
   const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size());
   const int total = int(models.size() * o.tokens.size()) * combos;
   int done = 0;
+  // Several processes must run the same sequence of forwards: no time-based warm-up there.
+  const bool lockstep = o.fabric == "nccl";
+  auto timed = [&](const std::vector<Variant>& variants, int iters, double warmup_ms) {
+    return lockstep ? time_interleaved(variants, stream, iters, 0, kLockstepWarmupRounds)
+                    : time_interleaved(variants, stream, iters, warmup_ms);
+  };
   for (const std::string& name : models)
     for (int tokens : o.tokens) {
       LayerConfig c;
       c.model = ModelPresets::get(name);
       c.layout = {o.ep * o.tp, o.ep, o.tp};
       c.max_tokens_per_rank = tokens;
-      auto fabric = fabric::make_loopback_fabric(c.layout.world);
+      auto fabric = fabric::make_fabric(o.fabric, c.layout.world);
       MoeLayer layer(c, *fabric);
       layer.set_random_weights(o.seed);
       layer.set_tuning_table(o.tuning);
-      const std::unique_ptr<Inputs> in = make_inputs(c, tokens, o.seed);
+      const std::unique_ptr<Inputs> in = make_inputs(c, *fabric, tokens, o.seed);
       // The unfused output once per workload: every fused variant must equal it bitwise.
       const LayerOptions unfused;
       layer.set_options(unfused);
@@ -163,7 +177,10 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       // sweep starts from their fields.
       LayerBenchRow baseline_row;
       Baselines base;
-      if (o.baselines) prepare_baselines(c, o, *in, tokens, want, stream, baseline_row, base);
+      if (o.baselines && o.fabric != "loopback")
+        baseline_row.baseline_note = "baselines not run: they run on the loopback fabric only so far";
+      else if (o.baselines)
+        prepare_baselines(c, o, *in, tokens, want, stream, baseline_row, base);
       for (int n0 : o.n_comm0)
         for (int n1 : o.n_comm1)
           for (int group : o.layer0_group_m) {
@@ -176,6 +193,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
             layer.set_options(fused);
             LayerBenchRow row = baseline_row;
             row.model = name;
+            row.fabric = o.fabric;
+            row.rank = fabric->first_local_rank();
             row.tokens = tokens;
             row.world = c.layout.world;
             row.ep = o.ep;
@@ -206,7 +225,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
                                       base.layer->forward(in->tensors, st);
                                     }});
             }
-            const std::vector<double> us = time_interleaved(variants, stream, o.iters, o.warmup_ms);
+            const std::vector<double> us = timed(variants, o.iters, o.warmup_ms);
             layer.check(stream);
             row.fused_us = us[0];
             row.unfused_us = us[1];

@@ -32,10 +32,17 @@ struct LayerBenchOptions {
   uint64_t seed = 1;
   bool baselines = true;
   std::vector<int> chunks{2, 4};               // chunk counts tried for the chunked baseline
+  // loopback: W virtual ranks on one GPU; local: one GPU per rank in this process; nccl: this
+  // process's rank of a `comet launch` run (fabric::make_fabric). With several processes each
+  // times its own rank's stream (the forward's barriers keep the ranks in step) and the warm-up
+  // is a fixed number of rounds, so that every rank runs the same sequence of forwards.
+  std::string fabric = "loopback";
 };
 
 struct LayerBenchRow {
   std::string model;
+  std::string fabric;  // LayerBenchOptions::fabric
+  int rank = 0;        // the rank whose stream was timed (nccl: this process's)
   int tokens = 0, world = 0, ep = 0, tp = 0;
   int n_comm0 = 0, n_comm1 = 0, layer0_group_m = 0;  // 0: MoeLayer's default group
   std::string n_comm_source;

@@ -41,6 +41,7 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
   }
   if (rows.empty()) return;
   os << "n_comm: " << rows.front().n_comm_source << "\n";
+  os << "fabric: " << rows.front().fabric << " (times of rank " << rows.front().rank << "'s stream)\n";
   for (const auto& r : rows) {
     if (r.baselines_run())
       os << r.model << " T=" << r.tokens << ": baselines with " << r.baseline_gemm
@@ -55,7 +56,8 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
 std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& r : rows) {
-    nlohmann::json row = {{"model", r.model}, {"tokens_per_rank", r.tokens}, {"world", r.world}, {"ep", r.ep},
+    nlohmann::json row = {{"model", r.model}, {"fabric", r.fabric}, {"timed_rank", r.rank},
+                          {"tokens_per_rank", r.tokens}, {"world", r.world}, {"ep", r.ep},
                           {"tp", r.tp}, {"n_comm0", r.n_comm0}, {"n_comm1", r.n_comm1},
                           {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"flop", r.flop}, {"fused_us", r.fused_us},
                           {"unfused_us", r.unfused_us}, {"compute_only_us", r.compute_us},

@@ -29,15 +29,18 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Runs every variant round-robin: warm-up for at least `warmup_ms`, then `iters` timed rounds.
-// Returns the median microseconds of each variant, in order.
+// Runs every variant round-robin: warm-up for at least `warmup_ms` and at least `warmup_rounds`
+// rounds, then `iters` timed rounds. Returns the median microseconds of each variant, in order.
+// Processes that must run the same number of rounds (ranks of one run) pass warmup_ms = 0.
 inline std::vector<double> time_interleaved(const std::vector<Variant>& variants, cudaStream_t stream,
-                                            int iters, double warmup_ms) {
+                                            int iters, double warmup_ms, int warmup_rounds = 1) {
   const auto start = std::chrono::steady_clock::now();
-  do {
+  for (int round = 0;; ++round) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (round >= warmup_rounds && ms >= warmup_ms) break;
     for (const auto& v : variants) v.launch(stream);
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-  } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < warmup_ms);
+  }
   std::vector<cudaEvent_t> events(2 * variants.size() * iters);
   for (auto& e : events) COMET_CUDA_CHECK(cudaEventCreate(&e));
   for (int it = 0; it < iters; ++it)

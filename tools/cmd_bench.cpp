@@ -6,6 +6,7 @@
 // Prints a config header, a progress line per workload on stderr, then the table (or JSON).
 // Exit code 1 when any verification against cuBLAS's output failed, so a benchmark never
 // hides a wrong result.
+#include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
@@ -33,7 +34,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   g->add_flag("--json", o.json, "JSON instead of the table");
   *gemm = g;
   CLI::App* l = bench->add_subcommand(
-      "layer", "the MoE layer on one GPU: fused, unfused, compute-only, comm-only, sequential and chunked baselines");
+      "layer", "the MoE layer: fused, unfused, compute-only, comm-only, sequential and chunked baselines");
   l->add_option("--models", lo.models, "presets, comma separated (default: all)")->delimiter(',');
   l->add_option("--tokens", lo.tokens, "tokens per rank, comma separated")->delimiter(',');
   l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
@@ -52,6 +53,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->delimiter(',')
       ->check(CLI::Range(1, 32));
   l->add_flag("--no-baselines", lo.no_baselines, "leave out the sequential and chunked baselines");
+  l->add_option("--fabric", lo.fabric,
+                "loopback (W virtual ranks on one GPU), local (one GPU per rank) or nccl (one process per rank, "
+                "under `comet launch`; rank 0 prints)")
+      ->check(CLI::IsMember({"loopback", "local", "nccl"}))
+      ->capture_default_str();
   l->add_flag("--json", lo.json, "JSON instead of the table");
   *layer = l;
   return bench;
@@ -96,16 +102,26 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.seed = o.seed;
   lo.baselines = !o.no_baselines;
   lo.chunks = o.chunks;
+  lo.fabric = o.fabric;
+  // With one process per rank, rank 0 speaks for the run; every rank still fails on a mismatch.
+  const char* rank_env = std::getenv("RANK");
+  const bool quiet = o.fabric == "nccl" && rank_env != nullptr && std::string(rank_env) != "0";
   const cuda::DeviceInfo info = cuda::query_device_info();
-  std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP "
-            << o.ep << " x TP " << o.tp << " virtual ranks (loopback fabric), full-size presets, uniform routing, "
-            << "median of " << o.iters << " interleaved runs"
-            << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "\n";
-  const auto rows = bench::run_layer_bench(lo, [](int done, int total, const std::string& what) {
-    std::cerr << "[" << done << "/" << total << "] " << what << "\n";
+  const std::string ranks = o.fabric == "loopback" ? "virtual ranks on one GPU (loopback fabric)"
+                            : o.fabric == "local"  ? "ranks, one GPU each, one process (local fabric)"
+                                                   : "ranks, one GPU and process each (nccl fabric; rank 0 timed)";
+  if (!quiet)
+    std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP "
+              << o.ep << " x TP " << o.tp << " " << ranks << ", full-size presets, uniform routing, "
+              << "median of " << o.iters << " interleaved runs"
+              << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "\n";
+  const auto rows = bench::run_layer_bench(lo, [quiet](int done, int total, const std::string& what) {
+    if (!quiet) std::cerr << "[" << done << "/" << total << "] " << what << "\n";
   });
-  if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
-  else bench::print_layer_table(rows, std::cout);
+  if (!quiet) {
+    if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
+    else bench::print_layer_table(rows, std::cout);
+  }
   for (const auto& r : rows)
     if (!r.fused_equals_unfused || (r.baselines_run() && !r.baselines_match)) return kExitVerifyFailed;
 #endif

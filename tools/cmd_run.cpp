@@ -56,6 +56,9 @@ struct RunResult {
   std::string gpu;
   std::string backend = "cpu";  // what ran: "cpu" or "cuda"
   std::string device;           // the GPU that ran it (cuda)
+  std::string fabric;           // cuda: loopback, local or nccl
+  int devices = 1;              // cuda: GPUs this process used
+  int first_rank = 0;           // y[i] and want[i] are rank first_rank + i (nccl: this process's rank)
   int64_t saved_tensors = 0;
   int64_t trace_events = 0;
   int64_t saved_bytes = 0;
@@ -133,8 +136,17 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   os << "comet run: " << config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed)
      << "\n";
   if (r.backend == "cuda") {
-    os << strf("backend: cuda (%d virtual ranks on one %s, loopback fabric, unfused pipeline)\n",
-               c.layout.world, r.device.c_str());
+    const char* kernels = o.fused ? "fused Comet kernels" : "unfused pipeline";
+    if (r.fabric == "loopback")
+      os << strf("backend: cuda (%d virtual ranks on one %s, loopback fabric, %s)\n", c.layout.world, r.device.c_str(),
+                 kernels);
+    else if (r.fabric == "local")
+      os << strf("backend: cuda (%d ranks on %d %s GPUs in one process, local fabric, %s)\n", c.layout.world,
+                 r.devices, r.device.c_str(), kernels);
+    else
+      os << strf("backend: cuda (rank %d of %d in this process, one %s per process, nccl fabric, %s; verified: "
+                 "this rank)\n",
+                 r.first_rank, c.layout.world, r.device.c_str(), kernels);
   } else {
     os << strf("backend: cpu (%d ranks as threads, %d comm + %d compute workers each, wait "
                "timeout %d ms)\n",
@@ -207,7 +219,12 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   j["command"] = "run";
   j["config"] = config_json(r.full.config, r.full.tokens_per_rank, r.full.routing, r.full.seed);
   j["backend"] = r.backend;
-  if (r.backend == "cuda") j["device"] = r.device;
+  if (r.backend == "cuda") {
+    j["device"] = r.device;
+    j["fabric"] = r.fabric;
+    j["fused"] = o.fused;
+    j["verified_ranks"] = {r.first_rank, r.first_rank + int(r.y.size())};  // [first, end)
+  }
   j["cpu_scale"] = {{"shape_factor", r.scale.shape_factor},
                     {"token_factor", r.scale.token_factor},
                     {"budget_gflop", o.cpu_budget_gflop}};  // 0: the library's default
@@ -262,6 +279,13 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       "run", "one MoE layer forward across W ranks, verified against the fp64 oracle");
   add_workload_options(*cmd, o.workload, kCpuTiles);
   cmd->add_option("--backend", o.backend, "auto, cpu or cuda")->capture_default_str()->group("Backend");
+  cmd->add_option("--fabric", o.fabric,
+                  "cuda: loopback (W virtual ranks on one GPU), local (one GPU per rank, one process) or nccl "
+                  "(one process per rank, under `comet launch`)")
+      ->capture_default_str()
+      ->group("Backend");
+  cmd->add_flag("--fused", o.fused, "cuda: run the fused Comet kernels instead of the unfused pipeline")
+      ->group("Backend");
   cmd->add_option("--comm-workers", o.comm_workers, "cpu: communication workers per rank")
       ->capture_default_str()
       ->group("Backend");
@@ -303,6 +327,11 @@ int run_command(const RunOptions& o) {
   if (o.backend == "cuda")
     throw UsageError("the CUDA backend is not built into this binary (nvcc was not found at build time); use --backend cpu");
 #endif
+  if (o.fabric != "loopback" && o.fabric != "local" && o.fabric != "nccl")
+    throw UsageError("--fabric must be loopback, local or nccl, not \"" + o.fabric + "\"");
+  if ((o.fabric != "loopback" || o.fused) && r.backend != "cuda")
+    throw UsageError(std::string(o.fused ? "--fused" : "--fabric " + o.fabric) +
+                     " runs on the CUDA backend only; use --backend cuda on a machine with a GPU");
   if (o.comm_workers < 1 || o.comm_workers > 64)
     throw UsageError("--comm-workers must be within [1, 64], not " + std::to_string(o.comm_workers));
   if (o.compute_workers < 1 || o.compute_workers > 64)
@@ -334,6 +363,8 @@ int run_command(const RunOptions& o) {
     }
   }
   const std::string& save = o.save;
+  if (!save.empty() && o.fabric == "nccl")
+    throw UsageError("--save writes every rank's output; with --fabric nccl a process holds only its own rank's");
   if (!save.empty()) {
     // Fail before the run, not after it: a missing directory is a typo, not a runtime failure.
     const auto dir = std::filesystem::path(save).parent_path();
@@ -408,10 +439,13 @@ int run_command(const RunOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
 #ifdef COMET_HAVE_CUDA
   if (r.backend == "cuda") {
-    GpuRun g = run_on_gpu(r.config, problem);  // MoeLayer takes its own tile shapes
+    GpuRun g = run_on_gpu(r.config, problem, {o.fabric, o.fused});  // MoeLayer takes its own tile shapes
     r.y = std::move(g.y);
     r.forward_us = g.forward_us;
     r.device = g.device;
+    r.fabric = g.fabric;
+    r.devices = g.devices;
+    r.first_rank = g.first_rank;
   }
 #endif
   if (r.backend == "cpu") {
@@ -431,6 +465,8 @@ int run_command(const RunOptions& o) {
   t0 = std::chrono::steady_clock::now();
   r.want = ref::oracle_forward(problem);
   r.oracle_us = elapsed_us(t0);
+  // A process of a multi-process run verifies the ranks it drove.
+  r.want = std::vector<std::vector<double>>(r.want.begin() + r.first_rank, r.want.begin() + r.first_rank + r.y.size());
   COMET_CHECK(r.y.size() == r.want.size(), "the backend returned " << r.y.size()
                                                                    << " ranks of output, expected "
                                                                    << r.want.size());

@@ -22,6 +22,8 @@ namespace comet::tools {
 struct RunOptions {
   WorkloadOptions workload;
   std::string backend = "auto";
+  std::string fabric = "loopback";  // cuda: loopback, local or nccl (docs/fabric.md)
+  bool fused = false;               // cuda: the fused Comet kernels instead of the unfused pipeline
   int comm_workers = 2;
   int compute_workers = 2;
   int chunk_tokens = 16;
@@ -69,6 +71,7 @@ struct BenchLayerOptions {
   std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
   bool no_baselines = false;
   bool json = false;
+  std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
 };
 // Presets and token counts of a GPU command (UsageError naming the option), then that a GPU
 // is there (UsageError naming `command`).

@@ -18,16 +18,22 @@ bool gpu_available(std::string* why) {
   return false;
 }
 
-GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p) {
+GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const GpuRunOptions& options) {
   const Status ok = MoeLayer::can_implement(config);
   COMET_CHECK(ok.ok, "the CUDA backend cannot run this workload: " << ok.reason);
   const int W = config.layout.world;
   GpuRun out;
   out.device = cuda::query_device_info().name;
-  auto fabric = fabric::make_loopback_fabric(W);
+  auto fabric = fabric::make_fabric(options.fabric, W);
+  out.fabric = options.fabric;
+  out.first_rank = fabric->first_local_rank();
+  out.devices = options.fabric == "loopback" ? 1 : fabric->num_local_ranks();
   MoeLayer layer(config, *fabric);
   layer.set_weights(p.weights);
-  const cuda::DeviceProblem tensors(config, p);
+  LayerOptions lo;
+  lo.fused = options.fused;
+  layer.set_options(lo);
+  const cuda::DeviceProblem tensors(config, p, fabric.get());
   cudaEvent_t start, stop;
   COMET_CUDA_CHECK(cudaEventCreate(&start));
   COMET_CUDA_CHECK(cudaEventCreate(&stop));

@@ -1,5 +1,6 @@
-// tools/gpu_run.h: `comet run --backend cuda`: the problem through MoeLayer on one GPU (W
-// virtual ranks on the Loopback fabric). Only compiled into builds with CUDA.
+// tools/gpu_run.h: `comet run --backend cuda`: the problem through MoeLayer on a fabric: W
+// virtual ranks on one GPU (loopback), one rank per GPU in this process (local), or this
+// process's rank of a `comet launch` run (nccl). Only compiled into builds with CUDA.
 #pragma once
 
 #include <string>
@@ -10,8 +11,16 @@
 
 namespace comet::tools {
 
+struct GpuRunOptions {
+  std::string fabric = "loopback";  // loopback, local or nccl
+  bool fused = false;
+};
+
 struct GpuRun {
-  std::vector<std::vector<float>> y;  // [W][T_r * H]
+  std::vector<std::vector<float>> y;  // [ranks this process drove][T_r * H]
+  int first_rank = 0;                 // y[i] is rank first_rank + i
+  std::string fabric;                 // "loopback", "local" or "nccl"
+  int devices = 1;                    // GPUs this process used
   double forward_us = 0;              // first call, CUDA events (includes the device plan)
   std::string device;
 };
@@ -19,6 +28,8 @@ struct GpuRun {
 // True when a GPU is visible; otherwise `why` says what the runtime reported.
 bool gpu_available(std::string* why);
 // Throws comet::Error (MoeLayer::can_implement's reason, or a device error) on failure.
-GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& problem);
+// Throws comet::Error for an unknown fabric or a launch that does not match the layout
+// (fabric::make_fabric).
+GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& problem, const GpuRunOptions& options);
 
 }  // namespace comet::tools

@@ -5,6 +5,8 @@
 
 #include "comet/dtype.h"
 #include "cuda/check.h"
+#include "fabric/fabric.h"
+#include "fabric/fabric_util.h"
 
 namespace comet::cuda {
 
@@ -23,13 +25,22 @@ struct DeviceProblem::Buffers {
   }
 };
 
-DeviceProblem::DeviceProblem(const LayerConfig& c, const MoeProblem& p) : buffers_(std::make_unique<Buffers>()) {
+DeviceProblem::DeviceProblem(const LayerConfig& c, const MoeProblem& p, const fabric::Fabric* fabric)
+    : buffers_(std::make_unique<Buffers>()) {
   const int W = c.layout.world, H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
   COMET_CHECK(int(p.x.size()) == W && int(p.routing.size()) == W,
               "DeviceProblem: the problem has " << p.x.size() << " ranks, the config " << W);
   hidden_ = H;
+  topk_ = K;
   t_max_ = Tm;
-  for (int r = 0; r < W; ++r) {
+  const int first = fabric ? fabric->first_local_rank() : 0, count = fabric ? fabric->num_local_ranks() : W;
+  COMET_CHECK(!fabric || fabric->world() == W, "DeviceProblem: the fabric has " << fabric->world() << " ranks, the config " << W);
+  fabric::detail::DeviceGuard guard;
+  int current = 0;
+  COMET_CUDA_CHECK(cudaGetDevice(&current));
+  for (int r = first; r < first + count; ++r) {
+    devices_.push_back(fabric ? fabric->device_of(r) : current);
+    COMET_CUDA_CHECK(cudaSetDevice(devices_.back()));
     const Routing& rt = p.routing[r];
     COMET_CHECK(rt.num_tokens <= Tm, "DeviceProblem: rank " << r << " has " << rt.num_tokens << " tokens, T_max is " << Tm);
     std::vector<uint16_t> x(size_t(Tm) * H, 0);
@@ -69,14 +80,38 @@ std::vector<std::vector<float>> DeviceProblem::download_y() const {
 }
 
 void DeviceProblem::poison_y() {
-  for (size_t r = 0; r < tensors_.size(); ++r)
+  fabric::detail::DeviceGuard guard;
+  for (size_t r = 0; r < tensors_.size(); ++r) {
+    COMET_CUDA_CHECK(cudaSetDevice(devices_[r]));
     COMET_CUDA_CHECK(cudaMemset(tensors_[r].y, 0xff, rows(r) * hidden_ * 2));
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 }
 
 void DeviceProblem::set_token_count(int rank, int32_t count) {
   COMET_CHECK(rank >= 0 && rank < int(tensors_.size()), "DeviceProblem: no rank " << rank);
   COMET_CUDA_CHECK(cudaMemcpy(const_cast<int32_t*>(tensors_[rank].num_tokens), &count, 4, cudaMemcpyHostToDevice));
   tokens_[rank] = count;
+}
+
+}  // namespace comet::cuda
+
+namespace comet::cuda {
+
+void DeviceProblem::assign_inputs(const DeviceProblem& other) {
+  COMET_CHECK(other.tensors_.size() == tensors_.size() && other.hidden_ == hidden_ && other.topk_ == topk_ &&
+                  other.t_max_ == t_max_,
+              "DeviceProblem::assign_inputs: the problems differ in shape");
+  const size_t rows = size_t(t_max_);
+  for (size_t r = 0; r < tensors_.size(); ++r) {
+    const RankTensors& to = tensors_[r];
+    const RankTensors& from = other.tensors_[r];
+    COMET_CUDA_CHECK(cudaMemcpy(const_cast<void*>(to.x), from.x, rows * hidden_ * 2, cudaMemcpyDefault));
+    COMET_CUDA_CHECK(
+        cudaMemcpy(const_cast<int32_t*>(to.expert_ids), from.expert_ids, rows * topk_ * 4, cudaMemcpyDefault));
+    COMET_CUDA_CHECK(cudaMemcpy(const_cast<float*>(to.weights), from.weights, rows * topk_ * 4, cudaMemcpyDefault));
+    set_token_count(int(r), other.tokens_[r]);
+  }
 }
 
 }  // namespace comet::cuda

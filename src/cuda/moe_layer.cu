@@ -1,20 +1,31 @@
-// MoeLayer: the unfused GPU pipeline of the MoE layer, every rank's steps on one stream.
+// MoeLayer: the MoE layer on GPUs, as the unfused pipeline (one kernel per step) or the two
+// fused Comet kernels (LayerOptions::fused).
 //
-// Per call, for every rank r (phase by phase across ranks, so a phase's kernels see every
-// rank's previous phase complete: stream order is the barrier on a single device):
+// Per call and rank r:
 //   1. publish: copy x, routing and the token count into r's symmetric regions
 //   2. plan:    build_device_plan (reads every rank's routing through the peer table)
 //   3. dispatch: pull each received token's row once from its owner, write it to every A row
-//      it feeds (dispatch_pull_kernel)
+//      it feeds
 //   4. GEMM0 (+ SwiGLU) and GEMM1 with the plan's tile lists (the grouped GEMM)
 //   5. combine: pre-reduce each received token's rows (fp32, weighted, slot order), convert to
-//      bf16 and store it into the owner's combine_recv slot (combine_push_kernel)
+//      bf16 and store it into the owner's combine_recv slot
 //   6. owner reduce: sum the partial rows of each own token in rank order 0..W-1 (fp32) into y
-// The same reduction structure as the CPU backend; no float atomics, so it is deterministic.
+// Fused, steps 3-5 are the layer0 kernel (dispatch + GEMM0) and the layer1 kernel (GEMM1 +
+// combine). The same reduction structure as the CPU backend; no float atomics: deterministic.
+//
+// Two ways to order the ranks (docs/gpu_layer.md, "Ranks on several GPUs"):
+// - one stream (every rank on one GPU, all in this process: Loopback): phase by phase across
+//   ranks, so a phase's kernels see every rank's previous phase complete; stream order is the
+//   barrier.
+// - one stream per rank (Local: a GPU per rank; Nccl: a process per rank): each rank's steps
+//   on its own device, with a device-side barrier between ranks after step 1 (peers' inputs are
+//   published) and after step 5 (peers' partial rows have arrived). The second barrier also
+//   keeps the next call's publish and pushes away from buffers peers still read.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "comet/layer.h"
 #include "comet/workspace.h"
@@ -26,19 +37,22 @@
 #include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/random_fill.h"
+#include "cuda/rank_barrier.h"
 #include "fabric/fabric.h"
+#include "fabric/fabric_util.h"
 
 namespace comet {
 
 namespace {
 
 using cuda::DevicePlanView;
+using fabric::detail::DeviceGuard;
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kGrid = 132;
+constexpr int kGrid = 132;  // blocks of the copy kernels (grid-stride loops; any size is correct)
 // The fused layer0's raster group height: its first wave then waits for the rows of this many
 // M tiles instead of kRasterGroupM (docs/results/ has the measurement).
-constexpr int kFusedLayer0GroupM = 4;  // blocks of the copy kernels (grid-stride loops; any size is correct)
+constexpr int kFusedLayer0GroupM = 4;
 
 // The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
 // without signals, on kGrid blocks of kWarpsPerBlock warps.
@@ -61,11 +75,6 @@ __global__ void owner_reduce_kernel(const __grid_constant__ cuda::OwnerReduceArg
   cuda::owner_reduce_rows(a, int(blockIdx.x) * warps + int(threadIdx.x) / 32, int(gridDim.x) * warps);
 }
 
-template <class T>
-T* offset_ptr(void* base, const WorkspaceRegion& r) {
-  return reinterpret_cast<T*>(static_cast<char*>(base) + r.offset_bytes);
-}
-
 LayerConfig gpu_config(LayerConfig c) {
   c.tiles = {cuda::kGemmBlockM, 128, 256};
   c.dtype = DType::kBF16;
@@ -80,6 +89,8 @@ struct MoeLayer::Impl {
   WorkspaceLayout layout;
   cuda::DevicePlanLayout plan_layout;
   struct Rank {
+    int rank = 0;    // in [0, W)
+    int device = 0;  // fabric.device_of(rank)
     void* plan_buffer = nullptr;
     DevicePlanView plan{};
     void* w0 = nullptr;  // [E/EP][n_b][H] packed gate/up
@@ -89,10 +100,18 @@ struct MoeLayer::Impl {
     const int32_t** id_table = nullptr;
     const float** weight_table = nullptr;
     // Epoch bookkeeping of the fused kernels, one allocation: tile base/target [MT] each,
-    // column base/target [NB1] each (cuda/device_plan.h), then the combine work counter.
+    // column base/target [NB1] each (cuda/device_plan.h), the combine work counter, then the
+    // rank barrier's generation (cuda/rank_barrier.h).
     uint64_t* epochs = nullptr;
+    // One stream per rank only: the rank's stream on its device, and the event that marks the
+    // end of its work of a call.
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
   };
-  std::vector<Rank> ranks;
+  std::vector<Rank> ranks;  // this process's ranks: entry i is rank fabric.first_local_rank() + i
+  bool per_rank_streams = false;
+  std::map<int, cudaEvent_t> fork_events;  // per device of a caller's stream
+  std::string unusable;                     // why forward() refuses (after a multi-process error)
   bool have_weights = false;
   LayerOptions options;
   TuningTable tuning;
@@ -119,13 +138,17 @@ struct MoeLayer::Impl {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
     return options.fused ? kFusedLayer0GroupM : cuda::kRasterGroupM;
   }
-  // Tile base/target [MT] each, column base/target [NB1] each, then the combine work counter.
-  int64_t epoch_words() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1 + 1; }
-  unsigned* combine_claims(int r) const {
-    return reinterpret_cast<unsigned*>(ranks[r].epochs + epoch_words() - 1);
+  int64_t epoch_words() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1 + 2; }
+  unsigned* combine_claims(const Rank& k) const {
+    return reinterpret_cast<unsigned*>(k.epochs + 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1);
   }
-  // GEMM arguments of rank r for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1).
-  cuda::GroupedGemmArgs gemm_args(int r, int layer) const {
+  uint64_t* barrier_generation(const Rank& k) const { return k.epochs + epoch_words() - 1; }
+  char* region(const Rank& k, const char* name) const {
+    return static_cast<char*>(fabric.base(k.rank)) + layout.region(name).offset_bytes;
+  }
+
+  // GEMM arguments of a rank for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1).
+  cuda::GroupedGemmArgs gemm_args(const Rank& k, int layer) const {
     const LayerConfig& c = config;
     cuda::GroupedGemmArgs g;
     g.epilogue = layer == 0 ? cuda::GemmEpilogue::kSwiGlu : cuda::GemmEpilogue::kIdentity;
@@ -134,143 +157,246 @@ struct MoeLayer::Impl {
     g.max_rows = int(c.max_rows_per_rank());
     g.n = layer == 0 ? c.ffn_per_rank() : c.model.hidden;
     g.k = layer == 0 ? c.model.hidden : c.ffn_per_rank();
-    g.a = region(r, layer == 0 ? "a_rows" : "inter");
-    g.b = layer == 0 ? ranks[r].w0 : ranks[r].w1;
-    g.d = region(r, layer == 0 ? "inter" : "out_rows");
-    g.tiles = layer == 0 ? ranks[r].plan.tiles0 : ranks[r].plan.tiles1;
-    g.num_tiles = ranks[r].plan.num_tiles + layer;
-    g.error = ranks[r].error;
-    g.timeout_ns = uint64_t(options.timeout_s * 1e9);
-    g.rank = r;
+    g.a = region(k, layer == 0 ? "a_rows" : "inter");
+    g.b = layer == 0 ? k.w0 : k.w1;
+    g.d = region(k, layer == 0 ? "inter" : "out_rows");
+    g.tiles = layer == 0 ? k.plan.tiles0 : k.plan.tiles1;
+    g.num_tiles = k.plan.num_tiles + layer;
+    g.error = k.error;
+    g.timeout_ns = timeout_ns();
+    g.rank = k.rank;
     g.layer = layer;
     return g;
   }
-  char* region(int r, const char* name) const {
-    return static_cast<char*>(fabric.base(r)) + layout.region(name).offset_bytes;
-  }
-
-  // Steps 3-5, one kernel each (the GPU oracle of the fused kernels).
-  void run_unfused(cudaStream_t stream) const {
-    run_dispatch(stream);
-    run_gemms(stream);
-    run_combine(stream);
-  }
-  void run_dispatch(cudaStream_t stream) const {
-    for (int r = 0; r < config.layout.world; ++r) {
-      dispatch_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(comm_args(r, 0, Signals::kOff));
-      COMET_CUDA_CHECK_LAUNCH();
-    }
-  }
-  void run_gemms(cudaStream_t stream) const {
-    for (int r = 0; r < config.layout.world; ++r) {
-      cuda::run_grouped_gemm(gemm_args(r, 0), stream);
-      cuda::run_grouped_gemm(gemm_args(r, 1), stream);
-    }
-  }
-  void run_combine(cudaStream_t stream) const {
-    for (int r = 0; r < config.layout.world; ++r) {
-      combine_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(comm_args(r, 1, Signals::kOff));
-      COMET_CUDA_CHECK_LAUNCH();
-    }
-  }
+  uint64_t timeout_ns() const { return uint64_t(options.timeout_s * 1e9); }
 
   enum class Signals { kOff, kOn };
-  // Every rank's plan kernel; with signals on, also this call's epoch targets (fused kernels).
-  void run_plans(Signals signals, cudaStream_t stream) const {
-    const int W = config.layout.world;
-    std::vector<cuda::DevicePlanArgs> args(W);
-    for (int r = 0; r < W; ++r) {
-      cuda::DevicePlanArgs& a = args[r];
-      a.rank = r;
-      a.token_counts = ranks[r].count_table;
-      a.route_ids = ranks[r].id_table;
-      a.route_weights = ranks[r].weight_table;
-      a.plan = ranks[r].plan;
-      a.error = ranks[r].error;
+  // What the data movement of a rank's layer needs (cuda/comm_rows.cuh); with signals on, the
+  // fused kernels' counters and targets.
+  cuda::FusedCommArgs comm_args(const Rank& k, int layer, Signals signals) const {
+    cuda::FusedCommArgs f;
+    f.plan = k.plan;
+    f.peers = fabric.peer_table(k.rank);
+    f.x_offset = layout.region("x").offset_bytes;
+    f.combine_offset = layout.region("combine_recv").offset_bytes;
+    f.a_rows = region(k, "a_rows");
+    f.out_rows = region(k, "out_rows");
+    f.hidden = config.model.hidden;
+    f.rows_per_token = plan_layout.rows_per_token;
+    f.world = config.layout.world;
+    f.rank = k.rank;
+    f.t_max = config.max_tokens_per_rank;
+    f.num_col_blocks = int(plan_layout.n_blocks1);
+    f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
+    f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
+    f.stall = options.stall_rank == k.rank;
+    f.timeout_ns = timeout_ns();
+    f.error = k.error;
+    if (signals == Signals::kOn) {
+      const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
+      if (layer == 0) f.tile_arrivals = reinterpret_cast<uint64_t*>(region(k, "tile_arrivals"));
+      else f.col_done = reinterpret_cast<uint64_t*>(region(k, "col_done"));
+      if (layer == 1) f.combine_claims = combine_claims(k);
+      f.col_target = k.epochs + 2 * mt + nb;
+    }
+    return f;
+  }
+
+  // ---- The steps of one rank (the caller has made the rank's device current).
+  void publish(const Rank& k, const RankTensors& t, cudaStream_t s) const {
+    const size_t Tm = config.max_tokens_per_rank, H = config.model.hidden, K = config.model.topk;
+    COMET_CUDA_CHECK(cudaMemcpyAsync(region(k, "x"), t.x, Tm * H * 2, cudaMemcpyDeviceToDevice, s));
+    COMET_CUDA_CHECK(cudaMemcpyAsync(region(k, "route_ids"), t.expert_ids, Tm * K * 4, cudaMemcpyDeviceToDevice, s));
+    COMET_CUDA_CHECK(cudaMemcpyAsync(region(k, "route_weights"), t.weights, Tm * K * 4, cudaMemcpyDeviceToDevice, s));
+    COMET_CUDA_CHECK(cudaMemcpyAsync(region(k, "token_count"), t.num_tokens, 4, cudaMemcpyDeviceToDevice, s));
+  }
+  // The plan kernels of `count` ranks from `first` (one launch for up to 8 ranks of one device);
+  // with signals on, also this call's epoch targets (fused kernels).
+  void plans(const Rank* first, int count, Signals signals, cudaStream_t s) const {
+    std::vector<cuda::DevicePlanArgs> args(count);
+    for (int i = 0; i < count; ++i) {
+      const Rank& k = first[i];
+      cuda::DevicePlanArgs& a = args[i];
+      a.rank = k.rank;
+      a.token_counts = k.count_table;
+      a.route_ids = k.id_table;
+      a.route_weights = k.weight_table;
+      a.plan = k.plan;
+      a.error = k.error;
       a.layer0_group_m = layer0_group_m();
       if (signals == Signals::kOn) {
-        uint64_t* e = ranks[r].epochs;
+        uint64_t* e = k.epochs;
         const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
         a.tile_base = e;
         a.tile_target = e + mt;
         a.col_base = e + 2 * mt;
         a.col_target = e + 2 * mt + nb;
-        a.combine_claims = combine_claims(r);
+        a.combine_claims = combine_claims(k);
       }
     }
-    cuda::build_device_plans(config, args.data(), W, stream);
+    cuda::build_device_plans(config, args.data(), count, s);
   }
-
-  // What the data movement of rank r's layer needs (cuda/comm_rows.cuh); with signals on, the
-  // fused kernels' counters and targets.
-  cuda::FusedCommArgs comm_args(int r, int layer, Signals signals) const {
-    cuda::FusedCommArgs f;
-    f.plan = ranks[r].plan;
-    f.peers = fabric.peer_table(r);
-    f.x_offset = layout.region("x").offset_bytes;
-    f.combine_offset = layout.region("combine_recv").offset_bytes;
-    f.a_rows = region(r, "a_rows");
-    f.out_rows = region(r, "out_rows");
-    f.hidden = config.model.hidden;
-    f.rows_per_token = plan_layout.rows_per_token;
-    f.world = config.layout.world;
-    f.rank = r;
-    f.t_max = config.max_tokens_per_rank;
-    f.num_col_blocks = int(plan_layout.n_blocks1);
-    f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
-    f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
-    f.stall = options.stall_rank == r;
-    f.timeout_ns = uint64_t(options.timeout_s * 1e9);
-    f.error = ranks[r].error;
-    if (signals == Signals::kOn) {
-      const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
-      if (layer == 0) f.tile_arrivals = reinterpret_cast<uint64_t*>(region(r, "tile_arrivals"));
-      else f.col_done = reinterpret_cast<uint64_t*>(region(r, "col_done"));
-      if (layer == 1) f.combine_claims = combine_claims(r);
-      f.col_target = ranks[r].epochs + 2 * mt + nb;
+  void dispatch(const Rank& k, cudaStream_t s) const {
+    dispatch_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 0, Signals::kOff));
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+  void gemms(const Rank& k, cudaStream_t s) const {
+    cuda::run_grouped_gemm(gemm_args(k, 0), s);
+    cuda::run_grouped_gemm(gemm_args(k, 1), s);
+  }
+  void combine(const Rank& k, cudaStream_t s) const {
+    combine_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 1, Signals::kOff));
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+  // One of the two Comet kernels of a rank (cuda/fused_layer.h). Layer0 only pulls published
+  // rows and layer1 only pushes, so no kernel waits on another rank's kernel.
+  void fused(const Rank& k, int layer, cudaStream_t s) const {
+    const cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOn);
+    cuda::GroupedGemmArgs g = gemm_args(k, layer);
+    if (layer == 0) {
+      g.wait_flags = f.tile_arrivals;
+      g.wait_targets = k.epochs + plan_layout.max_m_tiles;
+      cuda::run_fused_layer0(g, f, s);
+    } else {
+      g.done_flags = f.col_done;
+      cuda::run_fused_layer1(g, f, s);
     }
-    return f;
+  }
+  void owner_reduce(const Rank& k, const RankTensors& t, cudaStream_t s) const {
+    cuda::OwnerReduceArgs a;
+    a.send_pos = k.plan.send_pos;
+    a.combine_recv = region(k, "combine_recv");
+    a.token_count = reinterpret_cast<const int32_t*>(region(k, "token_count"));
+    a.y = t.y;
+    a.hidden = config.model.hidden;
+    a.world = config.layout.world;
+    a.t_max = config.max_tokens_per_rank;
+    owner_reduce_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(a);
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+  void barrier(const Rank& k, int which, cudaStream_t s) const {
+    cuda::RankBarrierArgs a;
+    a.peers = fabric.peer_table(k.rank);
+    a.counter_offset = layout.region("barrier").offset_bytes;
+    a.generation = barrier_generation(k);
+    a.rank = k.rank;
+    a.world = config.layout.world;
+    a.which = which;
+    a.timeout_ns = timeout_ns();
+    a.error = k.error;
+    cuda::rank_barrier(a, s);
   }
 
-  // Steps 3-5 as the two Comet kernels of every rank (cuda/fused_layer.h). On one GPU the ranks'
-  // kernels run one after another: layer0 only pulls published rows and layer1 only pushes, so
-  // no kernel waits on another rank's kernel.
-  void run_fused(cudaStream_t stream) const {
-    for (int layer = 0; layer < 2; ++layer)
-      for (int r = 0; r < config.layout.world; ++r) {
-        const cuda::FusedCommArgs f = comm_args(r, layer, Signals::kOn);
-        cuda::GroupedGemmArgs g = gemm_args(r, layer);
-        if (layer == 0) {
-          g.wait_flags = f.tile_arrivals;
-          g.wait_targets = ranks[r].epochs + plan_layout.max_m_tiles;
-          cuda::run_fused_layer0(g, f, stream);
-        } else {
-          g.done_flags = f.col_done;
-          cuda::run_fused_layer1(g, f, stream);
+  // ---- Running the steps of every local rank.
+  // One stream: `step(rank, stream)` for every rank, in rank order, on the caller's stream.
+  // Per-rank streams: the ranks' streams start after the caller's work so far, `step` runs for
+  // each on its own device and stream, and the caller's stream continues after all of them.
+  template <class Step>
+  void on_ranks(cudaStream_t caller, Step&& step) {
+    if (!per_rank_streams) {
+      for (const Rank& k : ranks) step(k, caller);
+      return;
+    }
+    DeviceGuard guard;
+    int caller_device = 0;
+    COMET_CUDA_CHECK(cudaStreamGetDevice(caller, &caller_device));
+    if (ranks.size() == 1 && ranks[0].device == caller_device) {  // one rank per process, on its device
+      COMET_CUDA_CHECK(cudaSetDevice(ranks[0].device));
+      step(ranks[0], caller);
+      return;
+    }
+    COMET_CUDA_CHECK(cudaSetDevice(caller_device));
+    cudaEvent_t& fork = fork_events[caller_device];
+    if (!fork) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    COMET_CUDA_CHECK(cudaEventRecord(fork, caller));
+    for (const Rank& k : ranks) {
+      COMET_CUDA_CHECK(cudaSetDevice(k.device));
+      COMET_CUDA_CHECK(cudaStreamWaitEvent(k.stream, fork, 0));
+      step(k, k.stream);
+      COMET_CUDA_CHECK(cudaEventRecord(k.done, k.stream));
+    }
+    COMET_CUDA_CHECK(cudaSetDevice(caller_device));
+    for (const Rank& k : ranks) COMET_CUDA_CHECK(cudaStreamWaitEvent(caller, k.done, 0));
+  }
+
+  void forward(const std::vector<RankTensors>& in, cudaStream_t stream) {
+    const bool fused_kernels = options.fused;
+    const Signals signals = fused_kernels ? Signals::kOn : Signals::kOff;
+    auto tensors = [&](const Rank& k) -> const RankTensors& { return in[k.rank - fabric.first_local_rank()]; };
+    // A fused launch that fails on the host after the plan kernels advanced the epoch bases
+    // must not leave them advanced.
+    try {
+      if (per_rank_streams) {
+        on_ranks(stream, [&](const Rank& k, cudaStream_t s) {
+          publish(k, tensors(k), s);
+          barrier(k, 0, s);
+          plans(&k, 1, signals, s);
+          if (fused_kernels) {
+            fused(k, 0, s);
+            fused(k, 1, s);
+          } else {
+            dispatch(k, s);
+            gemms(k, s);
+            combine(k, s);
+          }
+          barrier(k, 1, s);
+          owner_reduce(k, tensors(k), s);
+        });
+        return;
+      }
+      for (const Rank& k : ranks) publish(k, tensors(k), stream);
+      plans(ranks.data(), int(ranks.size()), signals, stream);
+      for (int layer = 0; layer < 2; ++layer) {
+        if (fused_kernels) {
+          for (const Rank& k : ranks) fused(k, layer, stream);
+          continue;
         }
+        for (const Rank& k : ranks) layer == 0 ? dispatch(k, stream) : gemms(k, stream);
+        if (layer == 1)
+          for (const Rank& k : ranks) combine(k, stream);
       }
+      for (const Rank& k : ranks) owner_reduce(k, tensors(k), stream);
+    } catch (...) {
+      if (fused_kernels) {
+        cudaStreamSynchronize(stream);
+        reset_epochs(stream);
+      }
+      throw;
+    }
   }
 
-  // After a failure the counters and bases no longer agree: zero both, on the caller's stream,
-  // and wait, so that the next forward (possibly on a non-blocking stream) sees them zeroed.
+  // After a failure the counters, bases and barrier generations no longer agree: zero them all
+  // and wait, so that the next forward (possibly on a non-blocking stream) sees them zeroed. On
+  // a multi-process fabric the other ranks' words are out of reach: the layer refuses to run.
   void reset_epochs(cudaStream_t stream) {
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      COMET_CUDA_CHECK(cudaMemsetAsync(ranks[r].epochs, 0, epoch_words() * sizeof(uint64_t), stream));
-      for (const char* name : {"tile_arrivals", "col_done"}) {
-        const WorkspaceRegion& reg = layout.region(name);
-        COMET_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(fabric.base(int(r))) + reg.offset_bytes, 0, reg.bytes, stream));
-      }
+    if (fabric.num_local_ranks() < config.layout.world) {
+      unusable = "a device error left the ranks' barrier and signal counters out of step; on a multi-process "
+                 "fabric every rank must create a new MoeLayer";
+      return;
     }
+    on_ranks(stream, [&](const Rank& k, cudaStream_t s) {
+      COMET_CUDA_CHECK(cudaMemsetAsync(k.epochs, 0, epoch_words() * sizeof(uint64_t), s));
+      for (const char* name : {"tile_arrivals", "col_done", "barrier"})
+        COMET_CUDA_CHECK(cudaMemsetAsync(region(k, name), 0, layout.region(name).bytes, s));
+    });
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
   Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(config), plan_layout(config) {}
   ~Impl() {
-    for (Rank& r : ranks)
+    for (Rank& r : ranks) {
+      cudaSetDevice(r.device);
       for (void* p : {r.plan_buffer, r.w0, r.w1, static_cast<void*>(r.error), static_cast<void*>(r.count_table),
                       static_cast<void*>(r.id_table), static_cast<void*>(r.weight_table),
                       static_cast<void*>(r.epochs)})
         if (p) cudaFree(p);
+      if (r.stream) cudaStreamDestroy(r.stream);
+      if (r.done) cudaEventDestroy(r.done);
+    }
+    for (auto& [device, e] : fork_events) {
+      cudaSetDevice(device);
+      cudaEventDestroy(e);
+    }
   }
 };
 
@@ -296,35 +422,53 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
   COMET_CHECK(ok.ok, "MoeLayer: " << ok.reason);
   COMET_CHECK(fabric.world() == config.layout.world,
               "MoeLayer: the fabric has " << fabric.world() << " ranks, the layout " << config.layout.world);
-  for (int r = 1; r < fabric.world(); ++r)
-    COMET_CHECK(fabric.device_of(r) == fabric.device_of(0),
-                "MoeLayer: ranks on several GPUs are not supported yet (rank " << r << " is on GPU "
-                                                                               << fabric.device_of(r) << ")");
   impl_ = std::make_unique<Impl>(config, fabric);
   Impl& m = *impl_;
-  const int W = m.config.layout.world;
-  m.fabric.allocate(m.layout.total_bytes());
-  m.ranks.resize(W);
-  std::vector<const int32_t*> counts(W), ids(W);
-  std::vector<const float*> weights(W);
-  for (int p = 0; p < W; ++p) {
-    counts[p] = offset_ptr<const int32_t>(m.fabric.base(p), m.layout.region("token_count"));
-    ids[p] = offset_ptr<const int32_t>(m.fabric.base(p), m.layout.region("route_ids"));
-    weights[p] = offset_ptr<const float>(m.fabric.base(p), m.layout.region("route_weights"));
+  const int W = m.config.layout.world, first = fabric.first_local_rank(), local = fabric.num_local_ranks();
+  std::map<int, int> rank_on_device;
+  for (int r = first; r < first + local; ++r) {
+    m.per_rank_streams = m.per_rank_streams || fabric.device_of(r) != fabric.device_of(first);
+    rank_on_device.emplace(fabric.device_of(r), r);
   }
-  for (Impl::Rank& r : m.ranks) {
-    COMET_CUDA_CHECK(cudaMalloc(&r.plan_buffer, m.plan_layout.total_bytes()));
-    r.plan = m.plan_layout.view(r.plan_buffer);
-    COMET_CUDA_CHECK(cudaMalloc(&r.error, sizeof(cuda::DeviceError)));
-    COMET_CUDA_CHECK(cudaMemset(r.error, 0, sizeof(cuda::DeviceError)));
-    COMET_CUDA_CHECK(cudaMalloc(&r.count_table, W * sizeof(void*)));
-    COMET_CUDA_CHECK(cudaMalloc(&r.id_table, W * sizeof(void*)));
-    COMET_CUDA_CHECK(cudaMalloc(&r.weight_table, W * sizeof(void*)));
-    COMET_CUDA_CHECK(cudaMemcpy(r.count_table, counts.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
-    COMET_CUDA_CHECK(cudaMemcpy(r.id_table, ids.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
-    COMET_CUDA_CHECK(cudaMemcpy(r.weight_table, weights.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
-    COMET_CUDA_CHECK(cudaMalloc(&r.epochs, m.epoch_words() * sizeof(uint64_t)));
-    COMET_CUDA_CHECK(cudaMemset(r.epochs, 0, m.epoch_words() * sizeof(uint64_t)));
+  m.per_rank_streams = m.per_rank_streams || local < W;
+  // Persistent kernels of two ranks on one GPU would need each other's SMs to finish.
+  COMET_CHECK(!m.per_rank_streams || int(rank_on_device.size()) == local,
+              "MoeLayer: two ranks of this process share a GPU while the ranks span several GPUs or processes; "
+              "each rank needs a GPU of its own there (or put every rank on one GPU: Loopback)");
+  m.fabric.allocate(m.layout.total_bytes());
+  DeviceGuard guard;
+  m.ranks.resize(local);
+  for (int i = 0; i < local; ++i) {
+    Impl::Rank& k = m.ranks[i];
+    k.rank = first + i;
+    k.device = fabric.device_of(k.rank);
+    COMET_CUDA_CHECK(cudaSetDevice(k.device));
+    // Entry p of each table: a region of rank p's heap, as addressed from this rank's device.
+    const std::vector<void*> heaps = fabric.peer_table_host(k.rank);
+    std::vector<const void*> counts(W), ids(W), weights(W);
+    for (int p = 0; p < W; ++p) {
+      const char* heap = static_cast<const char*>(heaps[p]);
+      counts[p] = heap + m.layout.region("token_count").offset_bytes;
+      ids[p] = heap + m.layout.region("route_ids").offset_bytes;
+      weights[p] = heap + m.layout.region("route_weights").offset_bytes;
+    }
+    COMET_CUDA_CHECK(cudaMalloc(&k.plan_buffer, m.plan_layout.total_bytes()));
+    k.plan = m.plan_layout.view(k.plan_buffer);
+    COMET_CUDA_CHECK(cudaMalloc(&k.error, sizeof(cuda::DeviceError)));
+    COMET_CUDA_CHECK(cudaMemset(k.error, 0, sizeof(cuda::DeviceError)));
+    COMET_CUDA_CHECK(cudaMalloc(&k.count_table, W * sizeof(void*)));
+    COMET_CUDA_CHECK(cudaMalloc(&k.id_table, W * sizeof(void*)));
+    COMET_CUDA_CHECK(cudaMalloc(&k.weight_table, W * sizeof(void*)));
+    COMET_CUDA_CHECK(cudaMemcpy(k.count_table, counts.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMemcpy(k.id_table, ids.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMemcpy(k.weight_table, weights.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMalloc(&k.epochs, m.epoch_words() * sizeof(uint64_t)));
+    COMET_CUDA_CHECK(cudaMemset(k.epochs, 0, m.epoch_words() * sizeof(uint64_t)));
+    if (m.per_rank_streams) {
+      COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
+      COMET_CUDA_CHECK(cudaEventCreateWithFlags(&k.done, cudaEventDisableTiming));
+    }
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   m.resolve_n_comm();
 }
@@ -355,27 +499,35 @@ void MoeLayer::set_random_weights(uint64_t seed) {
   const int Epr = m.config.experts_per_rank();
   const size_t H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
   const size_t n0 = size_t(Epr) * cuda::gemm_b_rows(cuda::GemmEpilogue::kSwiGlu, int(Fl)) * H, n1 = size_t(Epr) * H * Fl;
-  for (int r = 0; r < m.config.layout.world; ++r) {
-    Impl::Rank& rank = m.ranks[r];
-    if (!rank.w0) COMET_CUDA_CHECK(cudaMalloc(&rank.w0, n0 * 2));
-    if (!rank.w1) COMET_CUDA_CHECK(cudaMalloc(&rank.w1, n1 * 2));
-    cuda::fill_uniform_bf16(rank.w0, n0, seed * 64 + 2 * r, 1.f / std::sqrt(float(H)));
-    cuda::fill_uniform_bf16(rank.w1, n1, seed * 64 + 2 * r + 1, 1.f / std::sqrt(float(Fl)));
+  DeviceGuard guard;
+  for (Impl::Rank& k : m.ranks) {  // seeded by the global rank: the same weights on every fabric
+    COMET_CUDA_CHECK(cudaSetDevice(k.device));
+    if (!k.w0) COMET_CUDA_CHECK(cudaMalloc(&k.w0, n0 * 2));
+    if (!k.w1) COMET_CUDA_CHECK(cudaMalloc(&k.w1, n1 * 2));
+    cuda::fill_uniform_bf16(k.w0, n0, seed * 64 + 2 * k.rank, 1.f / std::sqrt(float(H)));
+    cuda::fill_uniform_bf16(k.w1, n1, seed * 64 + 2 * k.rank + 1, 1.f / std::sqrt(float(Fl)));
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  COMET_CUDA_CHECK(cudaDeviceSynchronize());
   m.have_weights = true;
 }
 
 void MoeLayer::run_part(Part part, CUstream_st* stream) {
-  COMET_CHECK(impl_->have_weights, "MoeLayer: set weights and run forward() once before run_part()");
-  if (part == Part::kGemms) {
-    impl_->run_gemms(stream);
-  } else if (part == Part::kPlan) {
-    impl_->run_plans(Impl::Signals::kOff, stream);
-  } else {
-    impl_->run_dispatch(stream);
-    impl_->run_combine(stream);
+  Impl& m = *impl_;
+  COMET_CHECK(m.have_weights, "MoeLayer: set weights and run forward() once before run_part()");
+  if (part == Part::kPlan && !m.per_rank_streams) {  // one launch for every rank, as in forward()
+    m.plans(m.ranks.data(), int(m.ranks.size()), Impl::Signals::kOff, stream);
+    return;
   }
+  m.on_ranks(stream, [&](const Impl::Rank& k, cudaStream_t s) {
+    if (part == Part::kGemms) {
+      m.gemms(k, s);
+    } else if (part == Part::kPlan) {
+      m.plans(&k, 1, Impl::Signals::kOff, s);
+    } else {
+      m.dispatch(k, s);
+      m.combine(k, s);
+    }
+  });
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -388,8 +540,9 @@ void MoeLayer::set_weights(const ExpertWeights& w) {
   w.check(model);
   const int Epr = m.config.experts_per_rank();
   const size_t H = model.hidden, F = model.ffn, Fl = m.config.ffn_per_rank();
-  for (int r = 0; r < m.config.layout.world; ++r) {
-    const int ep = m.config.layout.ep_index(r), tp = m.config.layout.tp_index(r);
+  DeviceGuard guard;
+  for (Impl::Rank& k : m.ranks) {
+    const int ep = m.config.layout.ep_index(k.rank), tp = m.config.layout.tp_index(k.rank);
     std::vector<float> gate(Epr * H * Fl), up(Epr * H * Fl), down(Epr * Fl * H);
     for (int el = 0; el < Epr; ++el) {
       const size_t e = size_t(ep) * Epr + el;
@@ -402,81 +555,49 @@ void MoeLayer::set_weights(const ExpertWeights& w) {
     }
     const std::vector<uint16_t> w0 = cuda::pack_swiglu_weights(gate, up, Epr, int(H), int(Fl));
     const std::vector<uint16_t> w1 = cuda::transpose_weights(down, Epr, int(Fl), int(H));
-    Impl::Rank& rank = m.ranks[r];
-    if (!rank.w0) COMET_CUDA_CHECK(cudaMalloc(&rank.w0, w0.size() * 2));
-    if (!rank.w1) COMET_CUDA_CHECK(cudaMalloc(&rank.w1, w1.size() * 2));
-    COMET_CUDA_CHECK(cudaMemcpy(rank.w0, w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
-    COMET_CUDA_CHECK(cudaMemcpy(rank.w1, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaSetDevice(k.device));
+    if (!k.w0) COMET_CUDA_CHECK(cudaMalloc(&k.w0, w0.size() * 2));
+    if (!k.w1) COMET_CUDA_CHECK(cudaMalloc(&k.w1, w1.size() * 2));
+    COMET_CUDA_CHECK(cudaMemcpy(k.w0, w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaMemcpy(k.w1, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
   }
   m.have_weights = true;
 }
 
 void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) {
   Impl& m = *impl_;
-  const LayerConfig& c = m.config;
-  const int W = c.layout.world, H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
+  COMET_CHECK(m.unusable.empty(), "MoeLayer: " << m.unusable);
   COMET_CHECK(m.have_weights, "MoeLayer: set_weights() must be called before forward()");
-  COMET_CHECK(int(in.size()) == W, "MoeLayer: forward got tensors for " << in.size() << " ranks, the layer has " << W);
-  for (int r = 0; r < W; ++r)
-    COMET_CHECK(in[r].x && in[r].expert_ids && in[r].weights && in[r].num_tokens && in[r].y,
-                "MoeLayer: rank " << r << " has a null tensor pointer");
-  auto region = [&](int r, const char* name) { return m.region(r, name); };
-
-  // Step 1: publish.
-  for (int r = 0; r < W; ++r) {
-    COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "x"), in[r].x, size_t(Tm) * H * 2, cudaMemcpyDeviceToDevice, stream));
-    COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "route_ids"), in[r].expert_ids, size_t(Tm) * K * 4,
-                                     cudaMemcpyDeviceToDevice, stream));
-    COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "route_weights"), in[r].weights, size_t(Tm) * K * 4,
-                                     cudaMemcpyDeviceToDevice, stream));
-    COMET_CUDA_CHECK(cudaMemcpyAsync(region(r, "token_count"), in[r].num_tokens, 4, cudaMemcpyDeviceToDevice, stream));
-  }
-  // Step 2: plans, every rank's in as few launches as possible.
-  m.run_plans(m.options.fused ? Impl::Signals::kOn : Impl::Signals::kOff, stream);
-
-  // Steps 3-5: dispatch, the two GEMMs, combine. A fused launch that fails on the host after the
-  // plan kernels advanced the epoch bases must not leave them advanced.
-  if (m.options.fused) {
-    try {
-      m.run_fused(stream);
-    } catch (...) {
-      cudaStreamSynchronize(stream);
-      m.reset_epochs(stream);
-      throw;
-    }
-  } else {
-    m.run_unfused(stream);
-  }
-  // Step 6: owner reduce into the caller's y.
-  for (int r = 0; r < W; ++r) {
-    cuda::OwnerReduceArgs a;
-    a.send_pos = m.ranks[r].plan.send_pos;
-    a.combine_recv = region(r, "combine_recv");
-    a.token_count = reinterpret_cast<const int32_t*>(region(r, "token_count"));
-    a.y = in[r].y;
-    a.hidden = H;
-    a.world = W;
-    a.t_max = Tm;
-    owner_reduce_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(a);
-    COMET_CUDA_CHECK_LAUNCH();
-  }
+  const int first = m.fabric.first_local_rank(), local = m.fabric.num_local_ranks();
+  COMET_CHECK(int(in.size()) == local, "MoeLayer: forward got tensors for " << in.size() << " ranks, this process drives "
+                                                                            << local << " (ranks " << first << ".."
+                                                                            << first + local - 1 << " of "
+                                                                            << m.config.layout.world << ")");
+  for (int i = 0; i < local; ++i)
+    COMET_CHECK(in[i].x && in[i].expert_ids && in[i].weights && in[i].num_tokens && in[i].y,
+                "MoeLayer: rank " << first + i << " has a null tensor pointer");
+  m.forward(in, stream);
 }
 
 void MoeLayer::check(CUstream_st* stream) {
+  Impl& m = *impl_;
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::string first;
-  for (const Impl::Rank& r : impl_->ranks) {
+  DeviceGuard guard;
+  for (const Impl::Rank& k : m.ranks) {
+    COMET_CUDA_CHECK(cudaSetDevice(k.device));
     cuda::DeviceError e;
-    COMET_CUDA_CHECK(cudaMemcpy(&e, r.error, sizeof e, cudaMemcpyDeviceToHost));
+    COMET_CUDA_CHECK(cudaMemcpy(&e, k.error, sizeof e, cudaMemcpyDeviceToHost));
     if (e.claimed && first.empty()) first = cuda::describe(e);
-    // Cleared once reported (on the caller's stream), so the layer stays usable.
-    COMET_CUDA_CHECK(cudaMemsetAsync(r.error, 0, sizeof(cuda::DeviceError), stream));
   }
+  if (first.empty()) return;
+  // Cleared once reported, so the layer stays usable.
+  m.on_ranks(stream, [&](const Impl::Rank& k, cudaStream_t s) {
+    COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, sizeof(cuda::DeviceError), s));
+  });
+  m.reset_epochs(stream);
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (!first.empty()) {
-    impl_->reset_epochs(stream);
-    throw Error("MoeLayer: " + first);
-  }
+  throw Error("MoeLayer: " + first);
 }
 
 }  // namespace comet

@@ -227,6 +227,22 @@ std::unique_ptr<Fabric> make_local_fabric(int world) {
   return std::make_unique<LocalFabric>(world);
 }
 
+std::unique_ptr<Fabric> make_fabric(const std::string& kind, int world) {
+  if (kind == "loopback") {
+    int device = 0;
+    COMET_CUDA_CHECK(cudaGetDevice(&device));
+    return make_loopback_fabric(world, device);
+  }
+  if (kind == "local") return make_local_fabric(world);
+  COMET_CHECK(kind == "nccl", "unknown fabric \"" << kind << "\" (loopback, local or nccl)");
+  const std::optional<ProcessEnv> env = read_process_env();
+  COMET_CHECK(env, "the nccl fabric runs one process per rank: start " << world << " of them with `comet launch -n "
+                                                                        << world << " -- ...`");
+  COMET_CHECK(env->world == world, "the layout has " << world << " ranks (EP x TP) but " << env->world
+                                                     << " processes were launched (WORLD_SIZE)");
+  return make_nccl_fabric(*env);
+}
+
 #ifndef COMET_HAVE_NCCL
 bool nccl_fabric_available() { return false; }
 

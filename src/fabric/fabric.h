@@ -109,6 +109,11 @@ std::unique_ptr<Fabric> make_loopback_fabric(int world, int device = 0);
 // Throws comet::Error naming the pair if two GPUs cannot access each other's memory.
 std::unique_ptr<Fabric> make_local_fabric(int world);
 
+// By name, for command-line tools: "loopback" (W virtual ranks on the current GPU), "local" (W
+// GPUs, this process) or "nccl" (this process's rank of a `comet launch` run, read from the
+// environment; WORLD_SIZE must equal `world`). Throws comet::Error naming the problem.
+std::unique_ptr<Fabric> make_fabric(const std::string& kind, int world);
+
 // True when this build has the Nccl fabric (NCCL >= 2.28 found at configure time).
 bool nccl_fabric_available();
 // This process as rank env.rank of an NCCL communicator of env.world processes, on GPU

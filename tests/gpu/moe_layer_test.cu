@@ -7,6 +7,7 @@
 
 #include "comet/layer.h"
 #include "comet/problem.h"
+#include "captured_forward.h"
 #include "cuda/device_problem.h"
 #include "fabric/fabric.h"
 #include "gpu_test_util.h"
@@ -78,42 +79,18 @@ TEST(MoeLayer, GraphReplayWithNewRoutingAndTokenCounts) {
   MoeLayer layer(c, *fabric);
   layer.set_weights(first.weights);
   cuda::DeviceProblem d(c, first);
-  cudaStream_t stream;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  layer.forward(d.tensors(), stream);  // first call outside the capture (one-time attributes)
-  layer.check(stream);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  COMET_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  layer.forward(d.tensors(), stream);
-  COMET_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  COMET_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  testing::CapturedForward graph(layer, d.tensors());
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     const std::vector<int> tokens = replay == 1 ? std::vector<int>{0, 128, 5, 64} : std::vector<int>{77, 3, 128, 128};
     MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + 10 + replay);
     p.weights = first.weights;
-    const cuda::DeviceProblem fresh(c, p);  // new inputs, copied into the captured buffers
-    for (int r = 0; r < 4; ++r) {
-      const RankTensors& to = d.tensors()[r];
-      const RankTensors& from = fresh.tensors()[r];
-      const size_t rows = size_t(c.max_tokens_per_rank);
-      COMET_CUDA_CHECK(cudaMemcpy(const_cast<void*>(to.x), from.x, rows * c.model.hidden * 2, cudaMemcpyDeviceToDevice));
-      COMET_CUDA_CHECK(cudaMemcpy(const_cast<int32_t*>(to.expert_ids), from.expert_ids, rows * c.model.topk * 4,
-                                  cudaMemcpyDeviceToDevice));
-      COMET_CUDA_CHECK(cudaMemcpy(const_cast<float*>(to.weights), from.weights, rows * c.model.topk * 4,
-                                  cudaMemcpyDeviceToDevice));
-      d.set_token_count(r, tokens[r]);
-    }
+    d.assign_inputs(cuda::DeviceProblem(c, p));  // new inputs, copied into the captured buffers
     d.poison_y();  // every row checked below must come from this replay
-    COMET_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    layer.check(stream);
+    graph.replay();
     const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
     EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {

@@ -5,20 +5,12 @@
 //   tests/multi_gpu/run_ranks.sh 4 build/tests/multi_gpu/nccl_fabric_multi_gpu_test   (stand-in)
 // Without those variables, or with fewer GPUs than ranks, every test skips with a message
 // containing "multi_gpu test skipped" (ctest reports the test as skipped).
-//
-// Every rank runs the same tests in the same order, so the fabric's collective calls match
-// up. Checks use EXPECT (not ASSERT) wherever a collective call follows, so that a failed
-// check on one rank does not leave the others waiting.
+// The run and its rules: multi_gpu/nccl_run.h.
 #include <algorithm>
-#include <memory>
-#include <optional>
-#include <sstream>
 #include <vector>
 
-#include "core/process_env.h"
-#include "fabric/fabric.h"
 #include "gpu/fabric_test_kernels.cuh"
-#include "gpu/gpu_test_util.h"
+#include "multi_gpu/nccl_run.h"
 #include "support/test_support.h"
 
 namespace comet::fabric {
@@ -30,68 +22,8 @@ using comet::testing::read_through_table;
 using comet::testing::tag_byte;
 using comet::testing::write_through_table;
 
-// The run: this process's place in it and the fabric the tests share. The fabric is made
-// before the first test and destroyed after the last, collectively, on every rank.
-class Run : public ::testing::Environment {
- public:
-  void SetUp() override {
-    try {
-      env_ = read_process_env();
-    } catch (const Error& e) {
-      setup_error_ = e.what();
-      return;
-    }
-    if (!env_) {
-      skip_ = "RANK/WORLD_SIZE are not set: run under `comet launch -n N` or tests/multi_gpu/run_ranks.sh "
-              "(multi_gpu test skipped)";
-      return;
-    }
-    const int gpus = comet::testing::have_gpu() ? device_count() : 0;
-    if (gpus < env_->local_world) {
-      std::ostringstream os;
-      os << env_->local_world << " ranks need as many GPUs, " << gpus << " visible (multi_gpu test skipped)";
-      skip_ = os.str();
-      return;
-    }
-    try {
-      fabric_ = make_nccl_fabric(*env_);
-    } catch (const Error& e) {
-      setup_error_ = e.what();
-    }
-  }
-  void TearDown() override { fabric_.reset(); }
-
-  static Run* instance;
-  const std::string& skip() const { return skip_; }
-  const std::string& setup_error() const { return setup_error_; }
-  const ProcessEnv& env() const { return *env_; }
-  Fabric& fabric() const { return *fabric_; }
-
- private:
-  static int device_count() {
-    int n = 0;
-    COMET_CUDA_CHECK(cudaGetDeviceCount(&n));
-    return n;
-  }
-  std::optional<ProcessEnv> env_;
-  std::unique_ptr<Fabric> fabric_;
-  std::string skip_, setup_error_;
-};
-
-Run* Run::instance = static_cast<Run*>(::testing::AddGlobalTestEnvironment(new Run));
-
-#define COMET_REQUIRE_RUN()                                                                         \
-  do {                                                                                              \
-    if (!Run::instance->skip().empty()) GTEST_SKIP() << Run::instance->skip();                      \
-    ASSERT_TRUE(Run::instance->setup_error().empty()) << "making the fabric failed: "               \
-                                                      << Run::instance->setup_error();              \
-  } while (0)
-
-std::string who() {
-  std::ostringstream os;
-  os << "rank " << Run::instance->env().rank << " of " << Run::instance->env().world;
-  return os.str();
-}
+using comet::testing::Run;
+using comet::testing::who;
 
 TEST(NcclFabricRun, LocalRanksAndPeerTable) {
   COMET_REQUIRE_RUN();

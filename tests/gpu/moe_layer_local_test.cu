@@ -1,0 +1,168 @@
+// MoeLayer on the Local fabric (one process, one rank per GPU, peer access): labels `gpu` and
+// `multi_gpu`; every test skips with a visible message when fewer than 2 GPUs are visible.
+// The reference is the same layer with every rank on GPU 0 (Loopback): the same kernels, plans
+// and reduction orders, so the outputs must be bitwise equal; and the fp64 oracle.
+#include <algorithm>
+#include <string>
+
+#include "comet/layer.h"
+#include "comet/problem.h"
+#include "captured_forward.h"
+#include "cuda/device_problem.h"
+#include "fabric/fabric.h"
+#include "gpu_test_util.h"
+#include "layer_cases.h"
+#include "ref/oracle.h"
+
+namespace comet {
+namespace {
+
+using test::LayerCase;
+
+int visible_gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+#define COMET_REQUIRE_GPUS(n)                                                                         \
+  do {                                                                                                \
+    if (visible_gpus() < (n))                                                                         \
+      GTEST_SKIP() << (n) << " GPUs needed, " << visible_gpus() << " visible (multi_gpu test skipped)"; \
+  } while (0)
+
+// W = every visible GPU, at most 8; EP, TP and EP+TP where the GPU count allows.
+std::vector<LayerCase> local_cases(int world) {
+  std::vector<LayerCase> out;
+  std::vector<int> tokens;
+  for (int r = 0; r < world; ++r) tokens.push_back(r == 1 ? 0 : 96 - 17 * r % 80);
+  out.push_back({"mixtral-8x7b", 16, world, 1, 96, tokens, {RoutingKind::kUniform, 0, 0}, 3});
+  out.push_back({"qwen2-moe-2.7b", 16, world, world, 96, tokens, {RoutingKind::kZipf, 1.2, 0.1}, 4});
+  if (world % 2 == 0) out.push_back({"deepseek-v3", 16, world, 2, 96, tokens, {RoutingKind::kImbalance, 0.05, 0}, 5});
+  return out;
+}
+
+std::vector<std::vector<float>> run(const LayerConfig& c, const MoeProblem& p, fabric::Fabric& f, bool fused) {
+  MoeLayer layer(c, f);
+  layer.set_weights(p.weights);
+  LayerOptions o;
+  o.fused = fused;
+  layer.set_options(o);
+  cuda::DeviceProblem d(c, p, &f);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  const auto first = d.download_y();
+  d.poison_y();
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  EXPECT_EQ(d.download_y(), first) << "a second call differs";
+  return first;
+}
+
+TEST(MoeLayerLocal, MatchesLoopbackBitwiseAndTheOracle) {
+  COMET_REQUIRE_GPUS(2);
+  const int W = std::min(visible_gpus(), 8);
+  for (const LayerCase& lc : local_cases(W))
+    for (bool fused : {false, true}) {
+      SCOPED_TRACE(lc.describe() + (fused ? " fused" : " unfused"));
+      const LayerConfig c = lc.config();
+      const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+      auto local = fabric::make_local_fabric(W);
+      const auto got = run(c, p, *local, fused);
+      auto loopback = fabric::make_loopback_fabric(W, 0);
+      EXPECT_EQ(got, run(c, p, *loopback, fused)) << "Local and Loopback differ";
+      const ref::Comparison cmp = ref::compare_outputs(got, ref::oracle_forward(p));
+      EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+    }
+}
+
+// The forward across GPUs captured once and replayed with new routing and token counts: the
+// barrier generations live on the devices, so replays continue the sequence.
+TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
+  COMET_REQUIRE_GPUS(2);
+  const int W = std::min(visible_gpus(), 8);
+  const LayerCase lc = local_cases(W)[0];
+  const LayerConfig c = lc.config();
+  const MoeProblem first = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  auto f = fabric::make_local_fabric(W);
+  MoeLayer layer(c, *f);
+  layer.set_weights(first.weights);
+  LayerOptions o;
+  o.fused = true;
+  layer.set_options(o);
+  cuda::DeviceProblem d(c, first, f.get());
+  testing::CapturedForward graph(layer, d.tensors());
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    std::vector<int> tokens = lc.tokens;
+    std::rotate(tokens.begin(), tokens.begin() + (replay + 1) % W, tokens.end());
+    MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + 10 + replay);
+    p.weights = first.weights;
+    d.assign_inputs(cuda::DeviceProblem(c, p, f.get()));
+    d.poison_y();
+    graph.replay();
+    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
+    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+  }
+}
+
+// A rank that never moves its rows: its GEMM times out naming it, every other rank finishes
+// (the barriers still run), and after check() the layer works again.
+TEST(MoeLayerLocal, WithheldRankTimesOutNamingItAndRecovers) {
+  COMET_REQUIRE_GPUS(2);
+  const int W = std::min(visible_gpus(), 8);
+  const LayerCase lc = local_cases(W)[0];
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, std::vector<int>(W, 64), lc.spec, lc.seed);
+  auto f = fabric::make_local_fabric(W);
+  MoeLayer layer(c, *f);
+  layer.set_weights(p.weights);
+  cuda::DeviceProblem d(c, p, f.get());
+  LayerOptions o;
+  o.fused = true;
+  o.timeout_s = 0.2;
+  o.stall_rank = W - 1;
+  layer.set_options(o);
+  layer.forward(d.tensors(), nullptr);
+  try {
+    layer.check(nullptr);
+    ADD_FAILURE() << "a withheld rank did not time out";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("rank " + std::to_string(W - 1)), std::string::npos) << m;
+    EXPECT_NE(m.find("layer0"), std::string::npos) << m;
+  }
+  o.stall_rank = -1;
+  o.timeout_s = 5.0;
+  layer.set_options(o);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
+  EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+}
+
+TEST(MoeLayerLocal, RefusesTensorsForTheWrongNumberOfRanks) {
+  COMET_REQUIRE_GPUS(2);
+  const int W = std::min(visible_gpus(), 8);
+  const LayerCase lc = local_cases(W)[0];
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  auto f = fabric::make_local_fabric(W);
+  MoeLayer layer(c, *f);
+  layer.set_weights(p.weights);
+  cuda::DeviceProblem d(c, p, f.get());
+  std::vector<RankTensors> fewer = d.tensors();
+  fewer.pop_back();
+  try {
+    layer.forward(fewer, nullptr);
+    ADD_FAILURE() << "forward accepted tensors for " << fewer.size() << " of " << W << " ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("this process drives"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace comet
