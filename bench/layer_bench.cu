@@ -13,6 +13,7 @@
 #include "comet/dtype.h"
 #include "comet/layer.h"
 #include "comet/routing.h"
+#include "core/process_env.h"
 #include "cuda/check.h"
 #include "cuda/random_fill.h"
 #include "fabric/fabric.h"
@@ -145,6 +146,8 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
 std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const LayerProgress& progress) {
   const std::vector<std::string> models = o.models.empty() ? ModelPresets::names() : o.models;
   std::vector<LayerBenchRow> rows;
+  if (o.fabric == "nccl")  // the stream below must live on this rank's GPU (comet/layer.h)
+    if (const std::optional<ProcessEnv> env = read_process_env()) COMET_CUDA_CHECK(cudaSetDevice(env->local_rank));
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size());

@@ -12,6 +12,8 @@
 //   each expert at most once per token) and fp32 weights; num_tokens is one int32 in device
 //   memory, so token counts and routing may change between calls (and between replays of a
 //   captured CUDA graph) without host synchronization. The host never reads them.
+// - `stream` belongs to the current device. With ranks on several GPUs of this process (Local
+//   fabric) forward() forks to one internal stream per rank and joins back into `stream`.
 // - forward() is asynchronous on `stream` and never synchronizes; a device-side problem (bad
 //   token count or expert id, a timeout) is recorded and reported by check().
 // - config.tiles is replaced by the GPU kernels' tile shapes (block_m = 128).

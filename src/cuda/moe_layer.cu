@@ -25,6 +25,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "comet/layer.h"
@@ -288,31 +289,39 @@ struct MoeLayer::Impl {
   }
 
   // ---- Running the steps of every local rank.
-  // One stream: `step(rank, stream)` for every rank, in rank order, on the caller's stream.
-  // Per-rank streams: the ranks' streams start after the caller's work so far, `step` runs for
-  // each on its own device and stream, and the caller's stream continues after all of them.
-  template <class Step>
-  void on_ranks(cudaStream_t caller, Step&& step) {
+  // One stream: each step for every rank, in rank order, on the caller's stream.
+  // Per-rank streams: the ranks' streams start after the caller's work so far, each step runs
+  // for every rank on its own device and stream, and the caller's stream continues after all of
+  // them. Steps are enqueued step-major: a rank's barrier kernel can spin on its GPU only until
+  // the host has enqueued the other ranks' barriers, never behind a later launch of its own
+  // (with lazy module loading, a first launch may wait for the device's running kernels).
+  // The caller's stream belongs to the current device (the CUDA convention; cudaStreamGetDevice
+  // is not allowed during graph capture).
+  using Step = std::function<void(const Rank&, cudaStream_t)>;
+  void on_ranks(cudaStream_t caller, std::initializer_list<Step> steps) {
     if (!per_rank_streams) {
-      for (const Rank& k : ranks) step(k, caller);
+      for (const Step& step : steps)
+        for (const Rank& k : ranks) step(k, caller);
       return;
     }
     DeviceGuard guard;
     int caller_device = 0;
-    COMET_CUDA_CHECK(cudaStreamGetDevice(caller, &caller_device));
+    COMET_CUDA_CHECK(cudaGetDevice(&caller_device));
     if (ranks.size() == 1 && ranks[0].device == caller_device) {  // one rank per process, on its device
-      COMET_CUDA_CHECK(cudaSetDevice(ranks[0].device));
-      step(ranks[0], caller);
+      for (const Step& step : steps) step(ranks[0], caller);
       return;
     }
-    COMET_CUDA_CHECK(cudaSetDevice(caller_device));
     cudaEvent_t& fork = fork_events[caller_device];
     if (!fork) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     COMET_CUDA_CHECK(cudaEventRecord(fork, caller));
+    for (const Rank& k : ranks) COMET_CUDA_CHECK(cudaStreamWaitEvent(k.stream, fork, 0));
+    for (const Step& step : steps)
+      for (const Rank& k : ranks) {
+        COMET_CUDA_CHECK(cudaSetDevice(k.device));
+        step(k, k.stream);
+      }
     for (const Rank& k : ranks) {
       COMET_CUDA_CHECK(cudaSetDevice(k.device));
-      COMET_CUDA_CHECK(cudaStreamWaitEvent(k.stream, fork, 0));
-      step(k, k.stream);
       COMET_CUDA_CHECK(cudaEventRecord(k.done, k.stream));
     }
     COMET_CUDA_CHECK(cudaSetDevice(caller_device));
@@ -327,10 +336,7 @@ struct MoeLayer::Impl {
     // must not leave them advanced.
     try {
       if (per_rank_streams) {
-        on_ranks(stream, [&](const Rank& k, cudaStream_t s) {
-          publish(k, tensors(k), s);
-          barrier(k, 0, s);
-          plans(&k, 1, signals, s);
+        auto layer_steps = [&](const Rank& k, cudaStream_t s) {
           if (fused_kernels) {
             fused(k, 0, s);
             fused(k, 1, s);
@@ -339,11 +345,16 @@ struct MoeLayer::Impl {
             gemms(k, s);
             combine(k, s);
           }
-          barrier(k, 1, s);
-          owner_reduce(k, tensors(k), s);
-        });
+        };
+        on_ranks(stream, {[&](const Rank& k, cudaStream_t s) { publish(k, tensors(k), s); },
+                          [&](const Rank& k, cudaStream_t s) { barrier(k, 0, s); },
+                          [&](const Rank& k, cudaStream_t s) { plans(&k, 1, signals, s); }, layer_steps,
+                          [&](const Rank& k, cudaStream_t s) { barrier(k, 1, s); },
+                          [&](const Rank& k, cudaStream_t s) { owner_reduce(k, tensors(k), s); }});
         return;
       }
+      // One stream: phase by phase across ranks (a phase's kernels see every rank's previous
+      // phase complete), with the plans of all ranks in as few launches as possible.
       for (const Rank& k : ranks) publish(k, tensors(k), stream);
       plans(ranks.data(), int(ranks.size()), signals, stream);
       for (int layer = 0; layer < 2; ++layer) {
@@ -374,11 +385,11 @@ struct MoeLayer::Impl {
                  "fabric every rank must create a new MoeLayer";
       return;
     }
-    on_ranks(stream, [&](const Rank& k, cudaStream_t s) {
-      COMET_CUDA_CHECK(cudaMemsetAsync(k.epochs, 0, epoch_words() * sizeof(uint64_t), s));
-      for (const char* name : {"tile_arrivals", "col_done", "barrier"})
-        COMET_CUDA_CHECK(cudaMemsetAsync(region(k, name), 0, layout.region(name).bytes, s));
-    });
+    on_ranks(stream, {[&](const Rank& k, cudaStream_t s) {
+               COMET_CUDA_CHECK(cudaMemsetAsync(k.epochs, 0, epoch_words() * sizeof(uint64_t), s));
+               for (const char* name : {"tile_arrivals", "col_done", "barrier"})
+                 COMET_CUDA_CHECK(cudaMemsetAsync(region(k, name), 0, layout.region(name).bytes, s));
+             }});
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
@@ -518,16 +529,16 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
     m.plans(m.ranks.data(), int(m.ranks.size()), Impl::Signals::kOff, stream);
     return;
   }
-  m.on_ranks(stream, [&](const Impl::Rank& k, cudaStream_t s) {
-    if (part == Part::kGemms) {
-      m.gemms(k, s);
-    } else if (part == Part::kPlan) {
-      m.plans(&k, 1, Impl::Signals::kOff, s);
-    } else {
-      m.dispatch(k, s);
-      m.combine(k, s);
-    }
-  });
+  m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) {
+               if (part == Part::kGemms) {
+                 m.gemms(k, s);
+               } else if (part == Part::kPlan) {
+                 m.plans(&k, 1, Impl::Signals::kOff, s);
+               } else {
+                 m.dispatch(k, s);
+                 m.combine(k, s);
+               }
+             }});
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -592,9 +603,9 @@ void MoeLayer::check(CUstream_st* stream) {
   }
   if (first.empty()) return;
   // Cleared once reported, so the layer stays usable.
-  m.on_ranks(stream, [&](const Impl::Rank& k, cudaStream_t s) {
-    COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, sizeof(cuda::DeviceError), s));
-  });
+  m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) {
+               COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, sizeof(cuda::DeviceError), s));
+             }});
   m.reset_epochs(stream);
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   throw Error("MoeLayer: " + first);

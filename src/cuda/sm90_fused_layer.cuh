@@ -13,11 +13,9 @@
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
 #include "cuda/fused_layer.h"
-#include "cuda/sm90_grouped_gemm.cuh"
+#include "cuda/sm90_grouped_gemm_launch.cuh"  // kMaxDevices
 
 namespace comet::cuda::sm90 {
-
-inline constexpr int kMaxDevices = 64;
 
 template <class Gemm, int kLayer>
 __global__ void __launch_bounds__(Gemm::kThreads, 1)

@@ -2,10 +2,16 @@
 // units (each .cu instantiates exactly one kernel configuration).
 #pragma once
 
+#include <array>
+#include <atomic>
+
 #include "cuda/check.h"
 #include "cuda/sm90_grouped_gemm.cuh"
 
 namespace comet::cuda::sm90 {
+
+// Launch attributes are per device: the launchers remember per device ordinal what they set.
+inline constexpr int kMaxDevices = 64;
 
 template <class Kernel>
 void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
@@ -15,11 +21,12 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   COMET_CUDA_CHECK(cudaGetDevice(&device));
   COMET_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const int blocks = args.num_blocks > 0 ? args.num_blocks : num_sms;
-  static bool attribute_set = false;  // per configuration; set once per process
-  if (!attribute_set) {
+  static std::array<std::atomic<bool>, kMaxDevices> attribute_set{};  // per configuration and device
+  COMET_CHECK(device < kMaxDevices, "grouped GEMM: device " << device << " beyond " << kMaxDevices);
+  if (!attribute_set[device].load(std::memory_order_relaxed)) {
     COMET_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           Kernel::kSmemBytes));
-    attribute_set = true;
+    attribute_set[device].store(true, std::memory_order_relaxed);
   }
   const typename Kernel::Params params = Kernel::make_params(args);
   grouped_gemm_kernel<Kernel><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
