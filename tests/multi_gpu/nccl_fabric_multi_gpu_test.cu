@@ -11,7 +11,6 @@
 // check on one rank does not leave the others waiting.
 #include <algorithm>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -19,6 +18,7 @@
 #include "fabric/fabric.h"
 #include "gpu/fabric_test_kernels.cuh"
 #include "gpu/gpu_test_util.h"
+#include "multi_gpu/process_run.h"
 #include "support/test_support.h"
 
 namespace comet::fabric {
@@ -30,68 +30,33 @@ using comet::testing::read_through_table;
 using comet::testing::tag_byte;
 using comet::testing::write_through_table;
 
-// The run: this process's place in it and the fabric the tests share. The fabric is made
-// before the first test and destroyed after the last, collectively, on every rank.
-class Run : public ::testing::Environment {
+// The run, and the fabric the tests share: made before the first test and destroyed after the
+// last, collectively, on every rank.
+class Run : public comet::testing::ProcessRun {
  public:
   void SetUp() override {
+    ProcessRun::SetUp();
+    if (!ready()) return;
     try {
-      env_ = read_process_env();
+      fabric_ = make_nccl_fabric(env());
     } catch (const Error& e) {
-      setup_error_ = e.what();
-      return;
-    }
-    if (!env_) {
-      skip_ = "RANK/WORLD_SIZE are not set: run under `comet launch -n N` or tests/multi_gpu/run_ranks.sh "
-              "(multi_gpu test skipped)";
-      return;
-    }
-    const int gpus = comet::testing::have_gpu() ? device_count() : 0;
-    if (gpus < env_->local_world) {
-      std::ostringstream os;
-      os << env_->local_world << " ranks need as many GPUs, " << gpus << " visible (multi_gpu test skipped)";
-      skip_ = os.str();
-      return;
-    }
-    try {
-      fabric_ = make_nccl_fabric(*env_);
-    } catch (const Error& e) {
-      setup_error_ = e.what();
+      setup_error_ = std::string("making the fabric failed: ") + e.what();
     }
   }
   void TearDown() override { fabric_.reset(); }
 
   static Run* instance;
-  const std::string& skip() const { return skip_; }
-  const std::string& setup_error() const { return setup_error_; }
-  const ProcessEnv& env() const { return *env_; }
   Fabric& fabric() const { return *fabric_; }
 
  private:
-  static int device_count() {
-    int n = 0;
-    COMET_CUDA_CHECK(cudaGetDeviceCount(&n));
-    return n;
-  }
-  std::optional<ProcessEnv> env_;
   std::unique_ptr<Fabric> fabric_;
-  std::string skip_, setup_error_;
 };
 
 Run* Run::instance = static_cast<Run*>(::testing::AddGlobalTestEnvironment(new Run));
 
-#define COMET_REQUIRE_RUN()                                                                         \
-  do {                                                                                              \
-    if (!Run::instance->skip().empty()) GTEST_SKIP() << Run::instance->skip();                      \
-    ASSERT_TRUE(Run::instance->setup_error().empty()) << "making the fabric failed: "               \
-                                                      << Run::instance->setup_error();              \
-  } while (0)
+#define COMET_REQUIRE_RUN() COMET_REQUIRE_PROCESS_RUN(*Run::instance)
 
-std::string who() {
-  std::ostringstream os;
-  os << "rank " << Run::instance->env().rank << " of " << Run::instance->env().world;
-  return os.str();
-}
+std::string who() { return Run::instance->who(); }
 
 TEST(NcclFabricRun, LocalRanksAndPeerTable) {
   COMET_REQUIRE_RUN();
