@@ -25,6 +25,14 @@ namespace {
 
 constexpr int kLockstepWarmupRounds = 10;
 
+// Several processes (nccl fabric) must run the same sequence of forwards: no time-based
+// warm-up there, a fixed number of rounds instead.
+std::vector<double> time_variants(const LayerBenchOptions& o, const std::vector<Variant>& variants, cudaStream_t stream,
+                                  int iters, double warmup_ms) {
+  if (o.fabric == "nccl") return time_interleaved(variants, stream, iters, 0, kLockstepWarmupRounds);
+  return time_interleaved(variants, stream, iters, warmup_ms);
+}
+
 // Device inputs at full size of the ranks this process drives, each on its device, without
 // host copies of x.
 struct Inputs {
@@ -104,7 +112,8 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
                        const std::vector<uint16_t>& want, cudaStream_t stream, LayerBenchRow& row, Baselines& b) {
   size_t free_bytes = 0, total_bytes = 0;
   COMET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const int64_t need = BaselineMoe::device_bytes(c);
+  // device_bytes counts every rank; with one GPU per rank, each holds one rank's share.
+  const int64_t need = BaselineMoe::device_bytes(c) / (o.fabric == "loopback" ? 1 : c.layout.world);
   if (double(need) > 0.9 * double(free_bytes)) {
     std::ostringstream os;
     os.precision(1);
@@ -113,7 +122,7 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
     row.baseline_note = os.str();
     return;
   }
-  b.fabric = fabric::make_loopback_fabric(c.layout.world);
+  b.fabric = fabric::make_fabric(o.fabric, c.layout.world);
   b.layer = std::make_unique<BaselineMoe>(c, *b.fabric);
   b.layer->set_random_weights(o.seed);
   row.baselines_match = true;
@@ -135,7 +144,7 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
                        b.layer->set_options(sequential_baseline(gemm));
                        b.layer->forward(in.tensors, st);
                      }});
-  const std::vector<double> us = time_interleaved(gemms, stream, std::max(3, o.iters / 4), o.warmup_ms / 4);
+  const std::vector<double> us = time_variants(o, gemms, stream, std::max(3, o.iters / 4), o.warmup_ms / 4);
   b.gemm = us[1] < us[0] ? BaselineGemm::kGroupedBatched : BaselineGemm::kPerExpertLoop;
   row.baseline_gemm = baseline_gemm_name(b.gemm);
   for (int chunks : o.chunks) check(chunked_baseline(chunks, b.gemm));
@@ -153,12 +162,6 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
   const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size());
   const int total = int(models.size() * o.tokens.size()) * combos;
   int done = 0;
-  // Several processes must run the same sequence of forwards: no time-based warm-up there.
-  const bool lockstep = o.fabric == "nccl";
-  auto timed = [&](const std::vector<Variant>& variants, int iters, double warmup_ms) {
-    return lockstep ? time_interleaved(variants, stream, iters, 0, kLockstepWarmupRounds)
-                    : time_interleaved(variants, stream, iters, warmup_ms);
-  };
   for (const std::string& name : models)
     for (int tokens : o.tokens) {
       LayerConfig c;
@@ -180,9 +183,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       // sweep starts from their fields.
       LayerBenchRow baseline_row;
       Baselines base;
-      if (o.baselines && o.fabric != "loopback")
-        baseline_row.baseline_note = "baselines not run: they run on the loopback fabric only so far";
-      else if (o.baselines)
+      if (o.baselines)
         prepare_baselines(c, o, *in, tokens, want, stream, baseline_row, base);
       for (int n0 : o.n_comm0)
         for (int n1 : o.n_comm1)
@@ -228,7 +229,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
                                       base.layer->forward(in->tensors, st);
                                     }});
             }
-            const std::vector<double> us = timed(variants, o.iters, o.warmup_ms);
+            const std::vector<double> us = time_variants(o, variants, stream, o.iters, o.warmup_ms);
             layer.check(stream);
             row.fused_us = us[0];
             row.unfused_us = us[1];

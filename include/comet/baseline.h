@@ -13,16 +13,24 @@
 // weighted sum of a token's local experts (fp32), combine all-to-all, and the owner's sum over
 // ranks in rank order (fp32) into y (bf16).
 //
+// Fabrics (docs/baselines.md): the object drives the fabric's local ranks. Loopback: every
+// rank on one GPU. Local: one rank per GPU, each rank's kernels on its GPU. Nccl: this
+// process's rank; the all-to-alls are NCCL send/recv groups, and the constructor, forward() and
+// run_part() are collective (every rank calls them in the same order, with the same options).
+//
 // Contract:
 // - Tensors are those of comet/layer.h (bf16 x and y [T_max][H], routing [T_max][topk], the
-//   token count as one device int32).
+//   token count as one device int32), one RankTensors per local rank (fabric.num_local_ranks(),
+//   entry i for rank fabric.first_local_rank() + i), on that rank's GPU (or reachable from it).
 // - forward() synchronizes the host once per call: after the ranks exchange their token counts
 //   it copies them to the host (as Megatron does with its all-to-all split sizes), checks them,
-//   lays out every buffer and launches the rest asynchronously on `stream` (the chunked schedule
-//   forks to two internal streams and joins back). Bad input (a token count outside
-//   [0, T_max], an expert id outside [-1, E), an expert repeated within a token) throws
-//   comet::Error naming the rank before any output is written; the object stays usable.
-// - Buffers are allocated at construction for T_max tokens on every rank (the worst case:
+//   lays out every buffer and launches the rest asynchronously on `stream`, which must be on the
+//   GPU of a local rank. Work of ranks on other GPUs (and the chunked schedule's two streams
+//   per GPU) runs on internal streams forked from `stream` and joined back into it. Bad input (a
+//   token count outside [0, T_max], an expert id outside [-1, E), an expert repeated within a
+//   token) throws comet::Error naming the rank before any output is written (on the Nccl fabric
+//   on every process: each reads every rank's counts); the object stays usable.
+// - Buffers are allocated at construction for T_max tokens on every local rank (the worst case:
 //   every token of every rank routed to one rank); forward() allocates no device memory. The
 //   fabric's symmetric heap is (re)allocated by the constructor: one fabric per layer object.
 // - Deterministic: repeated calls with the same inputs are bitwise equal. The chunked schedule
@@ -69,10 +77,10 @@ struct BaselineOptions {
 BaselineOptions sequential_baseline(BaselineGemm gemm = BaselineGemm::kPerExpertLoop);
 BaselineOptions chunked_baseline(int chunks, BaselineGemm gemm = BaselineGemm::kPerExpertLoop);
 
-// Bytes the last forward's all-to-alls moved. dispatch_bytes includes the metadata sent with
-// each token (min(topk, E/EP) rounded up to even entries of 8 bytes: A row and weight); the
-// count exchange before the host sync is not counted. remote_* leave out a rank's copies to
-// itself, which no link carries.
+// Bytes the last forward's all-to-alls moved, summed over every rank (the same on every process
+// of an Nccl run). dispatch_bytes includes the metadata sent with each token (min(topk, E/EP)
+// rounded up to even entries of 8 bytes: A row and weight); the count exchange before the host
+// sync is not counted. remote_* leave out a rank's copies to itself, which no link carries.
 struct BaselineTraffic {
   int64_t dispatch_bytes = 0, dispatch_remote_bytes = 0;
   int64_t combine_bytes = 0, combine_remote_bytes = 0;
@@ -88,17 +96,20 @@ class BaselineMoe {
   BaselineMoe& operator=(const BaselineMoe&) = delete;
 
   static Status can_implement(const LayerConfig& config);
-  // Device memory the layer allocates for `config` (all ranks: heap, weights, staging).
+  // Device memory the layer allocates for `config` with every rank on one GPU (Loopback: heap,
+  // weights, staging). With ranks on several GPUs each GPU holds its ranks' heaps and weights,
+  // and one staging copy and cuBLAS workspace of its own.
   static int64_t device_bytes(const LayerConfig& config);
 
   // From the next forward on; no reallocation. Throws comet::Error for invalid values.
   void set_options(const BaselineOptions& options);
   const BaselineOptions& options() const;
 
-  // Full fp32 weights, sliced per rank as MoeLayer::set_weights does.
+  // Full fp32 weights, sliced per rank as MoeLayer::set_weights does (the local ranks' slices).
   void set_weights(const ExpertWeights& weights);
   // Benchmarks: device-side pseudo-random weights, for SwiGLU bitwise the weights that
-  // MoeLayer::set_random_weights(seed) writes, so the two layers' outputs can be compared.
+  // MoeLayer::set_random_weights(seed) writes, so the two layers' outputs can be compared. Rank
+  // r's weights depend on (seed, r) only: every fabric gives a rank the same weights.
   void set_random_weights(uint64_t seed);
 
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);

@@ -49,6 +49,11 @@ std::optional<TuningTable::Match> TuningTable::nearest(const TuningKey& key) con
   return best;
 }
 
+namespace {
+constexpr int kMinCommBlocks0 = 8;
+constexpr int kCommBlocks1 = 2;
+}  // namespace
+
 int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, double link_gbps, double per_block_gbps) {
   COMET_CHECK(num_sms >= 2 && tflops > 0 && link_gbps > 0 && per_block_gbps > 0,
               "analytic_n_comm: bad rates (SMs " << num_sms << ", " << tflops << " TFLOP/s, link " << link_gbps
@@ -82,13 +87,16 @@ NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const 
     }
   }
   // Layer0 carries the gate and up projections (2/3 of a gated FFN's FLOP, 1/2 otherwise) and
-  // the dispatch half of the link bytes; layer1 the rest and the combine half.
+  // the dispatch half of the link bytes. The steady-state balance misses that the GEMM's first
+  // wave needs its rows at once, so it is floored by what every W = 8 preset measured best
+  // (tuning/nvidia-h200.json: 8 or 16). Layer1's GEMM blocks join the combine once their tiles
+  // are done, so its dedicated blocks only start early column groups: 2 measured best everywhere.
   const double flop0_share = is_gated(config.model.activation) ? 2.0 / 3.0 : 0.5;
   const int sms = key.num_sms > 0 ? key.num_sms : gpu.num_sms;
-  choice.n_comm0 = analytic_n_comm(cost.flops_max_rank * flop0_share, cost.link_bytes_max_rank / 2, sms,
-                                   gpu.bf16_tflops, gpu.link_gbps, gpu.copy_gbps_per_block);
-  choice.n_comm1 = analytic_n_comm(cost.flops_max_rank * (1 - flop0_share), cost.link_bytes_max_rank / 2, sms,
-                                   gpu.bf16_tflops, gpu.link_gbps, gpu.copy_gbps_per_block);
+  choice.n_comm0 = std::max(std::min(kMinCommBlocks0, sms / 2),
+                            analytic_n_comm(cost.flops_max_rank * flop0_share, cost.link_bytes_max_rank / 2, sms,
+                                            gpu.bf16_tflops, gpu.link_gbps, gpu.copy_gbps_per_block));
+  choice.n_comm1 = std::min(kCommBlocks1, sms / 2);
   std::ostringstream os;
   os << "cost model: no tuning entry within a factor of 2 in tokens for " << key.describe();
   choice.source = os.str();

@@ -1,22 +1,31 @@
 // BaselineMoe: the sequential (Megatron-style) and chunk-pipelined (FasterMoE/Tutel-style) MoE
 // layers of DESIGN §6 on GPUs (include/comet/baseline.h, docs/baselines.md).
 //
-// One forward, every rank's work driven from this host thread:
+// One forward, the local ranks' work driven from this host thread:
 //   1. route (device, per rank): route_scan + route_prefix count rows per chunk, expert and EP
 //      group, and rank every (token, slot) for the permutation (cuda/baseline_kernels.h)
 //   2. count exchange: every rank's count row to every rank (an all-gather through the
-//      inter-rank copy), copied to the host; the ONE host synchronization of the call
-//   3. host layout (core/baseline_layout.h), staged with the all-to-all segment lists and the
-//      cuBLAS pointer arrays, one host-to-device copy
+//      all-to-all seam), copied to the host; the ONE host synchronization of the call
+//   3. host layout (core/baseline_layout.h) of every rank, staged with the all-to-all segment
+//      lists and the cuBLAS pointer arrays, one host-to-device copy per GPU
 //   4. pack (per rank): each own token into the send buffer once per destination rank, with
 //      the A rows and routing weights it feeds there
 //   5. per chunk: dispatch all-to-all -> permute -> GEMM0 -> activation -> GEMM1 -> un-permute
 //      (weighted sum of the token's local experts, fp32) -> combine all-to-all -> owner reduce
 //      (sum over ranks in rank order, fp32) into y
-// Sequential: step 5 chunk after chunk on the caller's stream. Pipelined: dispatches, combines
+// Sequential: step 5 chunk after chunk on one stream per GPU. Pipelined: dispatches, combines
 // and owner reduces on a communication stream, the rest on a compute stream; events order chunk
 // c's compute after its dispatch and its combine after its compute, and the communication stream
 // issues dispatch c+1 before waiting for compute c.
+//
+// Where the work runs: the local ranks are grouped into lanes, one per GPU (Loopback: one lane
+// with every rank; Local: one lane per rank; Nccl: the process's rank). A lane's main stream is
+// the caller's stream when that is on the lane's GPU, else an internal stream forked from the
+// caller's stream and joined back into it with events. The all-to-alls (cuda::AllToAllPlan):
+// copy kernels, each lane pushing what its ranks send, when this process drives every rank;
+// fabric.all_to_all_v (NCCL) when it drives one. With several lanes every all-to-all ends with
+// each lane's stream waiting for every lane's part (exchange()), so that what follows on any
+// GPU sees all the bytes, and no lane overwrites rows a peer still reads.
 // Pitfall: on one GPU the ranks' kernels share the device; a "rank's" step is a launch per rank.
 #include <cuda_runtime.h>
 
@@ -32,6 +41,7 @@
 #include "cuda/rank_copy.h"
 #include "cuda/rank_weights.h"
 #include "fabric/fabric.h"
+#include "fabric/fabric_util.h"
 
 namespace comet {
 
@@ -152,6 +162,25 @@ std::string BaselineOptions::describe() const {
 BaselineOptions sequential_baseline(BaselineGemm gemm) { return BaselineOptions{1, false, gemm}; }
 BaselineOptions chunked_baseline(int chunks, BaselineGemm gemm) { return BaselineOptions{chunks, true, gemm}; }
 
+namespace {
+
+// The local ranks of one GPU and what runs there (see the file header).
+struct Lane {
+  int device = 0;
+  std::vector<int> ranks;                  // local ranks on this GPU, ascending
+  cudaStream_t own = nullptr;              // main stream when the caller's stream is elsewhere
+  cudaStream_t comm = nullptr, compute = nullptr;  // the pipelined schedule
+  cudaStream_t main = nullptr;             // during a call: the caller's stream or `own`
+  std::unique_ptr<cuda::CublasExperts> cublas;
+  char* upload = nullptr;                  // device copy of the staging
+  void* gather_segments = nullptr;         // device copy of the count exchanges' segment lists
+  std::vector<cudaEvent_t> dispatched, computed;  // [kBaselineMaxChunks]
+  cudaEvent_t fork = nullptr, joined = nullptr, pipe_fork = nullptr, comm_done = nullptr, compute_done = nullptr,
+              staged = nullptr, exchanged = nullptr, finished = nullptr;
+};
+
+}  // namespace
+
 struct BaselineMoe::Impl {
   LayerConfig config;
   fabric::Fabric& fabric;
@@ -160,54 +189,104 @@ struct BaselineMoe::Impl {
   StagingLayout staging_layout;
   cuda::BaselineDims dims;
   int n0 = 0;  // GEMM0 output columns
-  std::vector<void*> w0, w1;
+  int first = 0, num_local = 0;  // the local ranks [first, first + num_local)
+  std::vector<Lane> lanes;
+  int caller = 0;                // during a call: the lane of the caller's stream
+  std::vector<void*> peers;      // [W] every rank's heap as this process addresses it
+  std::vector<void*> w0, w1;     // [W], local ranks only
   bool have_weights = false;
-  std::unique_ptr<cuda::CublasExperts> cublas = std::make_unique<cuda::CublasExperts>();
 
-  char* staging = nullptr;    // pinned, staging_layout.total
-  char* upload = nullptr;     // device copy of staging
+  char* staging = nullptr;       // pinned, staging_layout.total
   int32_t* host_rows = nullptr;  // pinned [W][L]
-  cuda::AllToAllPlan gather;  // the count exchange, one per chunk count
-  void* gather_segments = nullptr;
-  cudaStream_t comm = nullptr, compute = nullptr;
-  std::vector<cudaEvent_t> dispatched, computed;
-  cudaEvent_t fork = nullptr, comm_done = nullptr, compute_done = nullptr, staged = nullptr, finished = nullptr;
+  cuda::AllToAllPlan gather;     // the count exchange, one per chunk count
+  cudaEvent_t last_finished = nullptr;  // the end of the last call, on its caller's stream
 
   // The last forward's plan.
   bool have_layout = false;
   core::BaselineLayout layout;
   cuda::AllToAllPlan a2a;
   std::vector<int> dispatch_id, combine_id;                // [chunk]
-  std::vector<cuda::ExpertGemmShapes> shapes0, shapes1;    // [rank][chunk]
+  std::vector<cuda::ExpertGemmShapes> shapes0, shapes1;    // [rank][chunk], local ranks
   std::vector<int64_t> pointers0, pointers1;               // [rank][chunk], offsets in pointer entries
   BaselineTraffic traffic;
 
   Impl(const LayerConfig& c, fabric::Fabric& f)
       : config(gpu_config(c)), fabric(f), heap(config), staging_layout(config) {}
   ~Impl() {
-    // Work still in flight on the internal streams uses everything below; the cuBLAS handle
-    // names one of the streams.
-    if (comm) cudaStreamSynchronize(comm);
-    if (compute) cudaStreamSynchronize(compute);
-    cublas.reset();
+    // Work still in flight on the internal streams uses everything below; the cuBLAS handles
+    // name the lanes' streams.
+    int saved = -1;
+    cudaGetDevice(&saved);
+    for (Lane& l : lanes) {
+      cudaSetDevice(l.device);
+      for (cudaStream_t s : {l.own, l.comm, l.compute}) if (s) cudaStreamSynchronize(s);
+      l.cublas.reset();
+      if (l.upload) cudaFree(l.upload);
+      if (l.gather_segments) cudaFree(l.gather_segments);
+      for (cudaEvent_t e : l.dispatched) if (e) cudaEventDestroy(e);
+      for (cudaEvent_t e : l.computed) if (e) cudaEventDestroy(e);
+      for (cudaEvent_t e : {l.fork, l.joined, l.pipe_fork, l.comm_done, l.compute_done, l.staged, l.exchanged,
+                            l.finished})
+        if (e) cudaEventDestroy(e);
+      for (cudaStream_t s : {l.own, l.comm, l.compute}) if (s) cudaStreamDestroy(s);
+    }
     for (void* p : w0) if (p) cudaFree(p);
     for (void* p : w1) if (p) cudaFree(p);
-    if (upload) cudaFree(upload);
-    if (gather_segments) cudaFree(gather_segments);
     if (staging) cudaFreeHost(staging);
     if (host_rows) cudaFreeHost(host_rows);
-    for (cudaEvent_t e : dispatched) cudaEventDestroy(e);
-    for (cudaEvent_t e : computed) cudaEventDestroy(e);
-    for (cudaEvent_t e : {fork, comm_done, compute_done, staged, finished}) if (e) cudaEventDestroy(e);
-    if (comm) cudaStreamDestroy(comm);
-    if (compute) cudaStreamDestroy(compute);
+    if (saved >= 0) cudaSetDevice(saved);
   }
 
+  // Local rank r's heap (offset into it), and any rank's heap as this process addresses it
+  // (for the all-to-all transfers; on the Nccl fabric a peer's is an LSA mapping).
   char* at(int r, int64_t offset) const { return static_cast<char*>(fabric.base(r)) + offset; }
   template <class T>
   T* at(int r, int64_t offset) const { return reinterpret_cast<T*>(at(r, offset)); }
+  char* addr(int r, int64_t offset) const {
+    return fabric.is_local(r) ? at(r, offset) : static_cast<char*>(peers[r]) + offset;
+  }
+  const RankTensors& tensors(const std::vector<RankTensors>& in, int r) const { return in[r - first]; }
   int64_t row_bytes() const { return int64_t(config.model.hidden) * 2; }
   int64_t meta_bytes() const { return int64_t(dims.meta_per_token) * sizeof(BaselineMeta); }
+  static void use(const Lane& l) { COMET_CUDA_CHECK(cudaSetDevice(l.device)); }
+
+  // The lanes, their streams, events, cuBLAS handles and staging copies; the all-to-all mode.
+  void make_lanes() {
+    first = fabric.first_local_rank();
+    num_local = fabric.num_local_ranks();
+    std::vector<int> issuer(config.layout.world, 0);
+    for (int r = first; r < first + num_local; ++r) {
+      const int device = fabric.device_of(r);
+      auto it = std::find_if(lanes.begin(), lanes.end(), [&](const Lane& l) { return l.device == device; });
+      if (it == lanes.end()) it = lanes.insert(lanes.end(), Lane{device});
+      it->ranks.push_back(r);
+      issuer[r] = int(it - lanes.begin());
+    }
+    for (Lane& l : lanes) {
+      use(l);
+      COMET_CUDA_CHECK(cudaMalloc(&l.upload, staging_layout.total));
+      for (cudaStream_t* s : {&l.own, &l.comm, &l.compute})
+        COMET_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+      for (auto* events : {&l.dispatched, &l.computed}) {
+        events->assign(kBaselineMaxChunks, nullptr);
+        for (cudaEvent_t& e : *events) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      }
+      for (cudaEvent_t* e : {&l.fork, &l.joined, &l.pipe_fork, &l.comm_done, &l.compute_done, &l.staged,
+                             &l.exchanged, &l.finished})
+        COMET_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      l.cublas = std::make_unique<cuda::CublasExperts>();
+    }
+    if (num_local < config.layout.world) {
+      // Other processes drive the other ranks: NCCL moves the bytes, in stream order on both sides.
+      COMET_CHECK(lanes.size() == 1, "BaselineMoe: a process that drives only some ranks must drive them on one GPU ("
+                                         << fabric.name() << " fabric, " << lanes.size() << " GPUs)");
+      gather.use_fabric(fabric);
+      a2a.use_fabric(fabric);
+    } else {
+      gather.set_issuers(issuer);
+      a2a.set_issuers(issuer);
+    }
+  }
 
   void apply_options(const BaselineOptions& o) {
     check_options(o);
@@ -228,33 +307,110 @@ struct BaselineMoe::Impl {
       const int64_t bytes = int64_t(core::baseline_count_row_len(config, chunks)) * 4;
       for (int r = 0; r < W; ++r)
         for (int q = 0; q < W; ++q)
-          gather.add_transfer(id, {r, q, at(r, heap.count_row), at(q, heap.count_table) + r * bytes, bytes});
+          gather.add_transfer(id, {r, q, addr(r, heap.count_row), addr(q, heap.count_table) + r * bytes, bytes});
     }
     std::vector<char> host(gather.staged_bytes());
-    COMET_CUDA_CHECK(cudaMalloc(&gather_segments, host.size()));
-    gather.stage(host.data(), gather_segments);
-    COMET_CUDA_CHECK(cudaMemcpy(gather_segments, host.data(), host.size(), cudaMemcpyHostToDevice));
+    std::vector<void*> device(lanes.size(), nullptr);
+    for (size_t i = 0; i < lanes.size() && !host.empty(); ++i) {
+      use(lanes[i]);
+      COMET_CUDA_CHECK(cudaMalloc(&lanes[i].gather_segments, host.size()));
+      device[i] = lanes[i].gather_segments;
+    }
+    gather.stage(host.data(), device.data());
+    for (Lane& l : lanes)
+      if (l.gather_segments) {
+        use(l);
+        COMET_CUDA_CHECK(cudaMemcpy(l.gather_segments, host.data(), host.size(), cudaMemcpyHostToDevice));
+      }
+  }
+
+  // A call's start: each lane's main stream (the caller's, or its own stream forked from it).
+  void begin(cudaStream_t stream) {
+    // The special handles (legacy and per-thread default streams) name the current device's.
+    int device = 0;
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+      COMET_CUDA_CHECK(cudaGetDevice(&device));
+    else
+      COMET_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+    auto it = std::find_if(lanes.begin(), lanes.end(), [&](const Lane& l) { return l.device == device; });
+    COMET_CHECK(it != lanes.end(), "BaselineMoe: the stream is on GPU " << device << ", which runs none of this "
+                                                                          "process's ranks (the first runs on GPU "
+                                                                       << lanes[0].device << ")");
+    caller = int(it - lanes.begin());
+    Lane& home = lanes[caller];
+    home.main = stream;
+    use(home);  // every operation on a lane's stream runs with its GPU current (the null stream)
+    // A previous call on another stream may still read the upload buffers and the heaps.
+    if (last_finished) COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, last_finished, 0));
+    if (lanes.size() == 1) return;
+    COMET_CUDA_CHECK(cudaEventRecord(home.fork, stream));
+    for (Lane& l : lanes)
+      if (&l != &home) {
+        l.main = l.own;
+        COMET_CUDA_CHECK(cudaStreamWaitEvent(l.own, home.fork, 0));
+      }
+  }
+
+  // A call's end: the other lanes joined into the caller's stream.
+  void end(cudaStream_t stream) {
+    Lane& home = lanes[caller];
+    use(home);
+    for (Lane& l : lanes)
+      if (&l != &home) {
+        COMET_CUDA_CHECK(cudaEventRecord(l.joined, l.own));
+        COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, l.joined, 0));
+      }
+    COMET_CUDA_CHECK(cudaEventRecord(home.finished, stream));
+    last_finished = home.finished;
+  }
+
+  // Runs all-to-all `id` of `plan`, each lane's part on its stream `which`; with several lanes
+  // every lane's stream then waits for every lane's part.
+  void exchange(const cuda::AllToAllPlan& plan, int id, cudaStream_t Lane::*which) {
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      use(lanes[i]);
+      plan.run(id, int(i), lanes[i].*which);
+    }
+    if (lanes.size() == 1) return;
+    for (const Lane& l : lanes) {
+      use(l);
+      COMET_CUDA_CHECK(cudaEventRecord(l.exchanged, l.*which));
+    }
+    for (const Lane& l : lanes) {
+      use(l);
+      for (const Lane& o : lanes)
+        if (&o != &l) COMET_CUDA_CHECK(cudaStreamWaitEvent(l.*which, o.exchanged, 0));
+    }
   }
 
   // Steps 1-2: counts on the device, exchanged, read back (the host synchronization).
-  void route(const std::vector<RankTensors>& in, cudaStream_t stream) {
-    const int W = config.layout.world;
-    for (int r = 0; r < W; ++r) {
-      int32_t* row = at<int32_t>(r, heap.count_row);
-      COMET_CUDA_CHECK(cudaMemsetAsync(row, 0, size_t(dims.count_row_len) * 4, stream));
-      cuda::launch_route_scan(dims, in[r].expert_ids, in[r].num_tokens, row, at<int32_t>(r, heap.item_rank),
-                              at<int32_t>(r, heap.group_rank), at<int32_t>(r, heap.block_base), stream);
-      cuda::launch_route_prefix(dims, row, at<int32_t>(r, heap.block_base), at<int32_t>(r, heap.chunk_prefix), stream);
+  void route(const std::vector<RankTensors>& in) {
+    for (const Lane& l : lanes) {
+      use(l);
+      for (int r : l.ranks) {
+        int32_t* row = at<int32_t>(r, heap.count_row);
+        const RankTensors& t = tensors(in, r);
+        COMET_CUDA_CHECK(cudaMemsetAsync(row, 0, size_t(dims.count_row_len) * 4, l.main));
+        cuda::launch_route_scan(dims, t.expert_ids, t.num_tokens, row, at<int32_t>(r, heap.item_rank),
+                                at<int32_t>(r, heap.group_rank), at<int32_t>(r, heap.block_base), l.main);
+        cuda::launch_route_prefix(dims, row, at<int32_t>(r, heap.block_base), at<int32_t>(r, heap.chunk_prefix),
+                                  l.main);
+      }
     }
-    gather.run(options.chunks - 1, stream);
-    // Every rank now holds every row; one rank's table is what one process would read.
-    COMET_CUDA_CHECK(cudaMemcpyAsync(host_rows, at(0, heap.count_table), size_t(W) * dims.count_row_len * 4,
-                                     cudaMemcpyDeviceToHost, stream));
-    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    exchange(gather, options.chunks - 1, &Lane::main);
+    // Every rank now holds every row; one local rank's table is what this process reads.
+    const Lane& home = lanes[caller];
+    use(home);
+    COMET_CUDA_CHECK(cudaMemcpyAsync(host_rows, at(home.ranks[0], heap.count_table),
+                                     size_t(config.layout.world) * dims.count_row_len * 4, cudaMemcpyDeviceToHost,
+                                     home.main));
+    COMET_CUDA_CHECK(cudaStreamSynchronize(home.main));
   }
 
   // Step 3: the layout, the all-to-alls and the GEMM shapes of this call, staged and uploaded.
-  void plan(cudaStream_t stream) {
+  // Every process lays out every rank (the same layout everywhere) and adds every pair's
+  // transfers (the traffic counts all of them; the fabric needs the same calls everywhere).
+  void plan() {
     const int W = config.layout.world, C = options.chunks, epr = config.experts_per_rank();
     const int H = config.model.hidden, Fl = config.ffn_per_rank();
     const core::BaselineCounts counts = core::parse_baseline_counts(config, host_rows, C);  // throws on bad input
@@ -266,9 +422,12 @@ struct BaselineMoe::Impl {
                   "BaselineMoe: rank " << r << " needs more rows than its buffers hold (send "
                                        << layout.send_total(r) << ", recv " << layout.recv_total(r) << ", A "
                                        << layout.a_total(r) << ")");
-    COMET_CUDA_CHECK(cudaEventSynchronize(staged));  // the previous upload has read the staging
+    for (const Lane& l : lanes) {
+      use(l);
+      COMET_CUDA_CHECK(cudaEventSynchronize(l.staged));  // the previous upload has read the staging
+    }
     const StagingLayout& s = staging_layout;
-    for (int r = 0; r < W; ++r)
+    for (int r = first; r < first + num_local; ++r)
       layout.write_sender_table(r, reinterpret_cast<int32_t*>(staging + s.tables) + r * s.table_entries);
 
     a2a.clear();
@@ -281,16 +440,18 @@ struct BaselineMoe::Impl {
         for (int dst = 0; dst < W; ++dst) {
           const int64_t rows = layout.send_rows(src, c, dst), sent = layout.send_begin(src, c, dst),
                         got = layout.recv_begin(dst, c, src);
-          a2a.add_transfer(dispatch_id[c], {src, dst, at(src, heap.send) + sent * row_bytes(),
-                                            at(dst, heap.recv) + got * row_bytes(), rows * row_bytes()});
-          a2a.add_transfer(dispatch_id[c], {src, dst, at(src, heap.send_meta) + sent * meta_bytes(),
-                                            at(dst, heap.recv_meta) + got * meta_bytes(), rows * meta_bytes()});
-          a2a.add_transfer(combine_id[c], {dst, src, at(dst, heap.recv) + got * row_bytes(),
-                                           at(src, heap.send) + sent * row_bytes(), rows * row_bytes()});
+          a2a.add_transfer(dispatch_id[c], {src, dst, addr(src, heap.send) + sent * row_bytes(),
+                                            addr(dst, heap.recv) + got * row_bytes(), rows * row_bytes()});
+          a2a.add_transfer(dispatch_id[c], {src, dst, addr(src, heap.send_meta) + sent * meta_bytes(),
+                                            addr(dst, heap.recv_meta) + got * meta_bytes(), rows * meta_bytes()});
+          a2a.add_transfer(combine_id[c], {dst, src, addr(dst, heap.recv) + got * row_bytes(),
+                                           addr(src, heap.send) + sent * row_bytes(), rows * row_bytes()});
         }
     }
     COMET_CHECK(a2a.staged_bytes() <= s.segment_bytes, "BaselineMoe: segment lists overflow their staging");
-    a2a.stage(staging + s.segments, upload + s.segments);
+    std::vector<void*> segments;
+    for (const Lane& l : lanes) segments.push_back(l.upload + s.segments);
+    a2a.stage(staging + s.segments, segments.data());
 
     shapes0.assign(size_t(W) * C, {});
     shapes1.assign(size_t(W) * C, {});
@@ -298,7 +459,7 @@ struct BaselineMoe::Impl {
     pointers1.assign(size_t(W) * C, -1);
     void** pointers = reinterpret_cast<void**>(staging + s.pointers);
     int64_t used = 0;
-    for (int d = 0; d < W; ++d)
+    for (int d = first; d < first + num_local; ++d)
       for (int c = 0; c < C; ++c) {
         const size_t i = size_t(d) * C + c;
         cuda::ExpertGemmShapes& g0 = shapes0[i];
@@ -321,11 +482,15 @@ struct BaselineMoe::Impl {
         used += 3 * cuda::CublasExperts::grouped_groups(shapes1[i]);
       }
     COMET_CHECK(used <= s.pointer_entries, "BaselineMoe: GEMM pointer arrays overflow their staging");
-    COMET_CUDA_CHECK(cudaMemcpyAsync(upload, staging, s.segments + a2a.staged_bytes(), cudaMemcpyHostToDevice, stream));
-    if (used)
-      COMET_CUDA_CHECK(cudaMemcpyAsync(upload + s.pointers, staging + s.pointers, used * sizeof(void*),
-                                       cudaMemcpyHostToDevice, stream));
-    COMET_CUDA_CHECK(cudaEventRecord(staged, stream));
+    for (const Lane& l : lanes) {
+      use(l);
+      COMET_CUDA_CHECK(
+          cudaMemcpyAsync(l.upload, staging, s.segments + a2a.staged_bytes(), cudaMemcpyHostToDevice, l.main));
+      if (used)
+        COMET_CUDA_CHECK(cudaMemcpyAsync(l.upload + s.pointers, staging + s.pointers, used * sizeof(void*),
+                                         cudaMemcpyHostToDevice, l.main));
+      COMET_CUDA_CHECK(cudaEventRecord(l.staged, l.main));
+    }
 
     traffic = {};
     for (int c = 0; c < C; ++c) {
@@ -338,101 +503,135 @@ struct BaselineMoe::Impl {
   }
 
   // Step 4.
-  void pack(const std::vector<RankTensors>& in, cudaStream_t stream) const {
-    for (int r = 0; r < config.layout.world; ++r) {
-      cuda::BaselinePackArgs a;
-      a.dims = dims;
-      a.num_tokens = layout.num_tokens(r);
-      a.x = in[r].x;
-      a.expert_ids = in[r].expert_ids;
-      a.weights = in[r].weights;
-      a.item_rank = at<int32_t>(r, heap.item_rank);
-      a.group_rank = at<int32_t>(r, heap.group_rank);
-      a.block_base = at<int32_t>(r, heap.block_base);
-      a.chunk_prefix = at<int32_t>(r, heap.chunk_prefix);
-      a.sender_table =
-          reinterpret_cast<const int32_t*>(upload + staging_layout.tables) + r * staging_layout.table_entries;
-      a.send_rows = at(r, heap.send);
-      a.send_meta = at<BaselineMeta>(r, heap.send_meta);
-      a.send_pos = at<int32_t>(r, heap.send_pos);
-      cuda::launch_pack(a, stream);
+  void pack(const std::vector<RankTensors>& in) const {
+    for (const Lane& l : lanes) {
+      use(l);
+      for (int r : l.ranks) {
+        const RankTensors& t = tensors(in, r);
+        cuda::BaselinePackArgs a;
+        a.dims = dims;
+        a.num_tokens = layout.num_tokens(r);
+        a.x = t.x;
+        a.expert_ids = t.expert_ids;
+        a.weights = t.weights;
+        a.item_rank = at<int32_t>(r, heap.item_rank);
+        a.group_rank = at<int32_t>(r, heap.group_rank);
+        a.block_base = at<int32_t>(r, heap.block_base);
+        a.chunk_prefix = at<int32_t>(r, heap.chunk_prefix);
+        a.sender_table =
+            reinterpret_cast<const int32_t*>(l.upload + staging_layout.tables) + r * staging_layout.table_entries;
+        a.send_rows = at(r, heap.send);
+        a.send_meta = at<BaselineMeta>(r, heap.send_meta);
+        a.send_pos = at<int32_t>(r, heap.send_pos);
+        cuda::launch_pack(a, l.main);
+      }
     }
   }
 
-  // Step 5, one piece each.
-  void dispatch(int c, cudaStream_t stream) const { a2a.run(dispatch_id[c], stream); }
-  void combine(int c, cudaStream_t stream) const { a2a.run(combine_id[c], stream); }
+  // Step 5, one piece each; every lane's part, on its stream `which`.
+  void dispatch(int c, cudaStream_t Lane::*which) { exchange(a2a, dispatch_id[c], which); }
+  void combine(int c, cudaStream_t Lane::*which) { exchange(a2a, combine_id[c], which); }
 
-  void gemm(int which, int d, int c, cudaStream_t stream) {
+  void gemm(int which, const Lane& l, int d, int c, cudaStream_t stream) {
     const size_t i = size_t(d) * layout.chunks() + c;
     const cuda::ExpertGemmShapes& s = which == 0 ? shapes0[i] : shapes1[i];
     if (options.gemm == BaselineGemm::kGroupedBatched) {
-      void* const* device = reinterpret_cast<void* const*>(upload + staging_layout.pointers) +
+      void* const* device = reinterpret_cast<void* const*>(l.upload + staging_layout.pointers) +
                             (which == 0 ? pointers0[i] : pointers1[i]);
-      cublas->grouped(s, device, stream);
+      l.cublas->grouped(s, device, stream);
     } else if (which == 0) {
-      cublas->per_expert_loop(s, at(d, heap.a_rows), w0[d], at(d, heap.inter0), stream);
+      l.cublas->per_expert_loop(s, at(d, heap.a_rows), w0[d], at(d, heap.inter0), stream);
     } else {
-      cublas->per_expert_loop(s, at(d, heap.inter), w1[d], at(d, heap.a_rows), stream);
+      l.cublas->per_expert_loop(s, at(d, heap.inter), w1[d], at(d, heap.a_rows), stream);
     }
   }
 
-  void compute_chunk(int c, cudaStream_t stream) {
+  // Permute .. un-permute of chunk c for lane l's ranks, on `stream` (of l's GPU, current).
+  void compute_chunk(int c, const Lane& l, cudaStream_t stream) {
     const int H = config.model.hidden, mpt = dims.meta_per_token;
-    for (int d = 0; d < config.layout.world; ++d) {
+    for (int d : l.ranks) {
       const int j0 = layout.recv_chunk_begin(d, c), j1 = layout.recv_chunk_begin(d, c + 1);
       if (j0 == j1) continue;
       const BaselineMeta* meta = at<BaselineMeta>(d, heap.recv_meta);
       cuda::launch_permute(j0, j1, H, mpt, at(d, heap.recv), meta, at(d, heap.a_rows), stream);
-      gemm(0, d, c, stream);
+      gemm(0, l, d, c, stream);
       cuda::launch_activation(config.model.activation, layout.a_chunk_begin(d, c), layout.a_chunk_begin(d, c + 1),
                               config.ffn_per_rank(), n0, at(d, heap.inter0), at(d, heap.inter), stream);
-      gemm(1, d, c, stream);
+      gemm(1, l, d, c, stream);
       cuda::launch_unpermute(j0, j1, H, mpt, at(d, heap.a_rows), meta, at(d, heap.recv), stream);
     }
   }
 
-  void reduce_chunk(int c, const std::vector<RankTensors>& in, cudaStream_t stream) const {
+  void reduce_chunk(int c, const std::vector<RankTensors>& in, const Lane& l, cudaStream_t stream) const {
     const int W = config.layout.world, C = layout.chunks();
-    for (int r = 0; r < W; ++r) {
+    for (int r : l.ranks) {
       const int T = layout.num_tokens(r);
       cuda::launch_owner_reduce(core::chunk_begin(T, C, c), core::chunk_begin(T, C, c + 1), W, config.model.hidden,
-                                at(r, heap.send), at<int32_t>(r, heap.send_pos), in[r].y, stream);
+                                at(r, heap.send), at<int32_t>(r, heap.send_pos), tensors(in, r).y, stream);
     }
   }
 
-  void run_sequential(const std::vector<RankTensors>& in, cudaStream_t stream) {
+  void run_sequential(const std::vector<RankTensors>& in) {
     for (int c = 0; c < layout.chunks(); ++c) {
-      dispatch(c, stream);
-      compute_chunk(c, stream);
-      combine(c, stream);
-      reduce_chunk(c, in, stream);
+      dispatch(c, &Lane::main);
+      for (const Lane& l : lanes) {
+        use(l);
+        compute_chunk(c, l, l.main);
+      }
+      combine(c, &Lane::main);
+      for (const Lane& l : lanes) {
+        use(l);
+        reduce_chunk(c, in, l, l.main);
+      }
     }
   }
 
-  void run_pipelined(const std::vector<RankTensors>& in, cudaStream_t stream) {
-    const int C = layout.chunks();
-    COMET_CUDA_CHECK(cudaEventRecord(fork, stream));
-    COMET_CUDA_CHECK(cudaStreamWaitEvent(comm, fork, 0));
-    COMET_CUDA_CHECK(cudaStreamWaitEvent(compute, fork, 0));
-    dispatch(0, comm);
-    COMET_CUDA_CHECK(cudaEventRecord(dispatched[0], comm));
-    for (int c = 0; c < C; ++c) {
-      COMET_CUDA_CHECK(cudaStreamWaitEvent(compute, dispatched[c], 0));
-      compute_chunk(c, compute);
-      COMET_CUDA_CHECK(cudaEventRecord(computed[c], compute));
-      if (c + 1 < C) {  // issued before the wait below, so it overlaps chunk c's GEMMs
-        dispatch(c + 1, comm);
-        COMET_CUDA_CHECK(cudaEventRecord(dispatched[c + 1], comm));
-      }
-      COMET_CUDA_CHECK(cudaStreamWaitEvent(comm, computed[c], 0));
-      combine(c, comm);
-      reduce_chunk(c, in, comm);
+  // Every lane records its event `events[c]` on its stream `which`.
+  void record(std::vector<cudaEvent_t> Lane::*events, int c, cudaStream_t Lane::*which) const {
+    for (const Lane& l : lanes) {
+      use(l);
+      COMET_CUDA_CHECK(cudaEventRecord((l.*events)[c], l.*which));
     }
-    COMET_CUDA_CHECK(cudaEventRecord(comm_done, comm));
-    COMET_CUDA_CHECK(cudaEventRecord(compute_done, compute));
-    COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done, 0));
-    COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, compute_done, 0));
+  }
+
+  void run_pipelined(const std::vector<RankTensors>& in) {
+    const int C = layout.chunks();
+    for (const Lane& l : lanes) {
+      use(l);
+      COMET_CUDA_CHECK(cudaEventRecord(l.pipe_fork, l.main));
+      COMET_CUDA_CHECK(cudaStreamWaitEvent(l.comm, l.pipe_fork, 0));
+      COMET_CUDA_CHECK(cudaStreamWaitEvent(l.compute, l.pipe_fork, 0));
+    }
+    dispatch(0, &Lane::comm);
+    record(&Lane::dispatched, 0, &Lane::comm);
+    for (int c = 0; c < C; ++c) {
+      for (const Lane& l : lanes) {
+        use(l);
+        COMET_CUDA_CHECK(cudaStreamWaitEvent(l.compute, l.dispatched[c], 0));
+        compute_chunk(c, l, l.compute);
+        COMET_CUDA_CHECK(cudaEventRecord(l.computed[c], l.compute));
+      }
+      if (c + 1 < C) {  // issued before the wait below, so it overlaps chunk c's GEMMs
+        dispatch(c + 1, &Lane::comm);
+        record(&Lane::dispatched, c + 1, &Lane::comm);
+      }
+      for (const Lane& l : lanes) {
+        use(l);
+        COMET_CUDA_CHECK(cudaStreamWaitEvent(l.comm, l.computed[c], 0));
+      }
+      combine(c, &Lane::comm);
+      for (const Lane& l : lanes) {
+        use(l);
+        reduce_chunk(c, in, l, l.comm);
+      }
+    }
+    for (const Lane& l : lanes) {
+      use(l);
+      COMET_CUDA_CHECK(cudaEventRecord(l.comm_done, l.comm));
+      COMET_CUDA_CHECK(cudaEventRecord(l.compute_done, l.compute));
+      COMET_CUDA_CHECK(cudaStreamWaitEvent(l.main, l.comm_done, 0));
+      COMET_CUDA_CHECK(cudaStreamWaitEvent(l.main, l.compute_done, 0));
+    }
   }
 };
 
@@ -470,10 +669,7 @@ BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, cons
   check_options(options);
   COMET_CHECK(fabric.world() == config.layout.world,
               "BaselineMoe: the fabric has " << fabric.world() << " ranks, the layout " << config.layout.world);
-  for (int r = 1; r < fabric.world(); ++r)
-    COMET_CHECK(fabric.device_of(r) == fabric.device_of(0),
-                "BaselineMoe: ranks on several GPUs are not supported yet (rank " << r << " is on GPU "
-                                                                                  << fabric.device_of(r) << ")");
+  fabric::detail::DeviceGuard guard;
   impl_ = std::make_unique<Impl>(config, fabric);
   Impl& m = *impl_;
   const LayerConfig& c = m.config;
@@ -488,20 +684,15 @@ BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, cons
   m.dims.hidden = c.model.hidden;
   m.dims.t_max = c.max_tokens_per_rank;
   m.dims.meta_per_token = meta_per_token(c);
-  m.fabric.allocate(m.heap.total);
+  m.fabric.allocate(m.heap.total);  // Nccl: collective
+  m.peers = m.fabric.peer_table_host(m.fabric.first_local_rank());
   m.w0.assign(W, nullptr);
   m.w1.assign(W, nullptr);
-  COMET_CUDA_CHECK(cudaMallocHost(&m.staging, m.staging_layout.total));
-  COMET_CUDA_CHECK(cudaMalloc(&m.upload, m.staging_layout.total));
-  COMET_CUDA_CHECK(cudaMallocHost(&m.host_rows, size_t(W) * core::baseline_count_row_len(c, kBaselineMaxChunks) * 4));
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm, cudaStreamNonBlocking));
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&m.compute, cudaStreamNonBlocking));
-  for (auto* events : {&m.dispatched, &m.computed}) {
-    events->assign(kBaselineMaxChunks, nullptr);
-    for (cudaEvent_t& e : *events) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
-  for (cudaEvent_t* e : {&m.fork, &m.comm_done, &m.compute_done, &m.staged, &m.finished})
-    COMET_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  // Portable: every lane's GPU copies from them.
+  COMET_CUDA_CHECK(cudaHostAlloc(&m.staging, m.staging_layout.total, cudaHostAllocPortable));
+  COMET_CUDA_CHECK(cudaHostAlloc(&m.host_rows, size_t(W) * core::baseline_count_row_len(c, kBaselineMaxChunks) * 4,
+                                 cudaHostAllocPortable));
+  m.make_lanes();
   m.stage_count_exchanges();
   m.apply_options(options);
 }
@@ -515,8 +706,10 @@ BaselineTraffic BaselineMoe::last_traffic() const { return impl_->traffic; }
 
 void BaselineMoe::set_weights(const ExpertWeights& weights) {
   Impl& m = *impl_;
-  for (int r = 0; r < m.config.layout.world; ++r) {
+  fabric::detail::DeviceGuard guard;
+  for (int r = m.first; r < m.first + m.num_local; ++r) {
     const cuda::RankWeights w = cuda::slice_rank_weights(m.config, weights, r);
+    COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(r)));
     if (!m.w0[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w0[r], w.w0.size() * 2));
     if (!m.w1[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w1[r], w.w1.size() * 2));
     COMET_CUDA_CHECK(cudaMemcpy(m.w0[r], w.w0.data(), w.w0.size() * 2, cudaMemcpyHostToDevice));
@@ -526,55 +719,69 @@ void BaselineMoe::set_weights(const ExpertWeights& weights) {
   m.have_layout = false;  // grouped pointer arrays name the weights
 }
 
-// The streams and scales of MoeLayer::set_random_weights, over the same layouts.
+// The streams and scales of MoeLayer::set_random_weights, over the same layouts: rank r's
+// weights depend on (seed, r) only, so every fabric gives a rank the same weights.
 void BaselineMoe::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;
+  fabric::detail::DeviceGuard guard;
   const size_t epr = m.config.experts_per_rank(), H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
   const size_t n0 = epr * m.n0 * H, n1 = epr * H * Fl;
-  for (int r = 0; r < m.config.layout.world; ++r) {
+  for (int r = m.first; r < m.first + m.num_local; ++r) {
+    COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(r)));
     if (!m.w0[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w0[r], n0 * 2));
     if (!m.w1[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w1[r], n1 * 2));
     cuda::fill_uniform_bf16(m.w0[r], n0, seed * 64 + 2 * r, 1.f / std::sqrt(float(H)));
     cuda::fill_uniform_bf16(m.w1[r], n1, seed * 64 + 2 * r + 1, 1.f / std::sqrt(float(Fl)));
   }
-  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  for (const Lane& l : m.lanes) {
+    Impl::use(l);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   m.have_weights = true;
   m.have_layout = false;
 }
 
 void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* stream) {
   Impl& m = *impl_;
-  const int W = m.config.layout.world;
   COMET_CHECK(m.have_weights, "BaselineMoe: set_weights() or set_random_weights() must be called before forward()");
-  COMET_CHECK(int(in.size()) == W,
-              "BaselineMoe: forward got tensors for " << in.size() << " ranks, the layer has " << W);
-  for (int r = 0; r < W; ++r)
-    COMET_CHECK(in[r].x && in[r].expert_ids && in[r].weights && in[r].num_tokens && in[r].y,
+  COMET_CHECK(int(in.size()) == m.num_local,
+              "BaselineMoe: forward got tensors for " << in.size() << " ranks, this process drives " << m.num_local
+                                                      << " (ranks " << m.first << ".." << m.first + m.num_local - 1
+                                                      << " of " << m.config.layout.world << " on the "
+                                                      << m.fabric.name() << " fabric): one RankTensors per local rank");
+  for (int r = m.first; r < m.first + m.num_local; ++r) {
+    const RankTensors& t = m.tensors(in, r);
+    COMET_CHECK(t.x && t.expert_ids && t.weights && t.num_tokens && t.y,
                 "BaselineMoe: rank " << r << " has a null tensor pointer");
-  // A previous call on another stream may still read the upload buffer and the heap.
-  COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, m.finished, 0));
-  m.route(in, stream);
-  m.plan(stream);
-  m.pack(in, stream);
-  if (m.options.pipelined) m.run_pipelined(in, stream);
-  else m.run_sequential(in, stream);
-  COMET_CUDA_CHECK(cudaEventRecord(m.finished, stream));
+  }
+  fabric::detail::DeviceGuard guard;
+  m.begin(stream);
+  m.route(in);
+  m.plan();
+  m.pack(in);
+  if (m.options.pipelined) m.run_pipelined(in);
+  else m.run_sequential(in);
+  m.end(stream);
 }
 
 void BaselineMoe::run_part(Part part, CUstream_st* stream) {
   Impl& m = *impl_;
   COMET_CHECK(m.have_layout,
               "BaselineMoe: run forward() once (after the last set_options or set_weights) before run_part()");
-  COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, m.finished, 0));
+  fabric::detail::DeviceGuard guard;
+  m.begin(stream);
   for (int c = 0; c < m.layout.chunks(); ++c) {
     if (part == Part::kCompute) {
-      m.compute_chunk(c, stream);
+      for (const Lane& l : m.lanes) {
+        Impl::use(l);
+        m.compute_chunk(c, l, l.main);
+      }
     } else {
-      m.dispatch(c, stream);
-      m.combine(c, stream);
+      m.dispatch(c, &Lane::main);
+      m.combine(c, &Lane::main);
     }
   }
-  COMET_CUDA_CHECK(cudaEventRecord(m.finished, stream));
+  m.end(stream);
 }
 
 }  // namespace comet

@@ -1,6 +1,6 @@
 // The baselines' inter-rank copy kernel and the all-to-all staging around it.
 #include <algorithm>
-#include <cstring>
+#include <utility>
 
 #include "cuda/check.h"
 #include "cuda/rank_copy.h"
@@ -58,9 +58,33 @@ void copy_between_ranks(const CopyList& list, CUstream_st* stream) {
   COMET_CUDA_CHECK_LAUNCH();
 }
 
+void AllToAllPlan::set_issuers(std::vector<int> issuer_of_rank) {
+  issuers_ = 1;
+  for (size_t r = 0; r < issuer_of_rank.size(); ++r) {
+    COMET_CHECK(issuer_of_rank[r] >= 0, "rank " << r << " has no issuer (" << issuer_of_rank[r] << ")");
+    issuers_ = std::max(issuers_, issuer_of_rank[r] + 1);
+  }
+  issuer_of_ = std::move(issuer_of_rank);
+  fabric_ = nullptr;
+  staged_.clear();
+  calls_.clear();
+}
+
+void AllToAllPlan::use_fabric(fabric::Fabric& fabric) {
+  set_issuers({});
+  fabric_ = &fabric;
+}
+
+int AllToAllPlan::issuer_of(int rank) const {
+  if (issuer_of_.empty()) return 0;
+  COMET_CHECK(rank >= 0 && rank < int(issuer_of_.size()), "rank " << rank << " has no issuer");
+  return issuer_of_[rank];
+}
+
 void AllToAllPlan::clear() {
   used_ = 0;  // the lists keep their capacity: a warm forward allocates nothing here
   staged_.clear();
+  calls_.clear();
 }
 
 int AllToAllPlan::add() {
@@ -81,30 +105,91 @@ void AllToAllPlan::add_transfer(int id, const Transfer& t) {
 }
 
 int64_t AllToAllPlan::staged_bytes() const {
+  if (fabric_) return 0;
   int64_t n = 0;
   for (int id = 0; id < used_; ++id) n += int64_t(lists_[id].size()) * sizeof(CopySegment);
   return n;
 }
 
-void AllToAllPlan::stage(void* host, void* device) {
+void AllToAllPlan::stage(void* host, void* const* device) {
   staged_.clear();
+  calls_.clear();
+  if (fabric_) return stage_fabric();
+  // Issuer i's segments of each all-to-all, in add order, with unit_begin counted from 0.
   int64_t offset = 0;
+  for (int id = 0; id < used_; ++id)
+    for (int issuer = 0; issuer < issuers_; ++issuer) {
+      CopySegment* out = reinterpret_cast<CopySegment*>(static_cast<char*>(host) + offset);
+      CopyList staged;
+      staged.segments = reinterpret_cast<const CopySegment*>(static_cast<char*>(device[issuer]) + offset);
+      for (const CopySegment& s : lists_[id]) {
+        if (issuer_of(s.src_rank) != issuer) continue;
+        out[staged.count] = s;
+        out[staged.count++].unit_begin = staged.total_units;
+        staged.total_units += s.units;
+      }
+      staged_.push_back(staged);
+      offset += int64_t(staged.count) * sizeof(CopySegment);
+    }
+}
+
+// Call k of an all-to-all carries the k-th transfer (in add order) of every pair; every process
+// added the same transfers, so both sides of a pair agree on each call's sizes.
+void AllToAllPlan::stage_fabric() {
+  const int W = fabric_->world(), first = fabric_->first_local_rank(), n = fabric_->num_local_ranks();
+  std::vector<int> seen(size_t(W) * W);
+  calls_.resize(used_);
   for (int id = 0; id < used_; ++id) {
-    const std::vector<CopySegment>& list = lists_[id];
-    const int64_t bytes = int64_t(list.size()) * sizeof(CopySegment);
-    if (bytes) std::memcpy(static_cast<char*>(host) + offset, list.data(), bytes);
-    CopyList staged;
-    staged.segments = reinterpret_cast<const CopySegment*>(static_cast<char*>(device) + offset);
-    staged.count = int(list.size());
-    staged.total_units = list.empty() ? 0 : list.back().unit_begin + list.back().units;
-    staged_.push_back(staged);
-    offset += bytes;
+    std::vector<FabricCall>& calls = calls_[id];
+    std::fill(seen.begin(), seen.end(), 0);
+    for (const CopySegment& s : lists_[id]) {
+      COMET_CHECK(s.src_rank >= 0 && s.src_rank < W && s.dst_rank >= 0 && s.dst_rank < W,
+                  "inter-rank copy " << s.src_rank << " -> " << s.dst_rank << " outside the " << W << " ranks");
+      const int k = seen[size_t(s.src_rank) * W + s.dst_rank]++;
+      if (k == int(calls.size()))
+        calls.push_back({std::vector<fabric::AllToAllVArgs>(n), std::vector<int64_t>(size_t(n) * 4 * W),
+                         std::vector<const char*>(size_t(n) * 2 * W)});
+      FabricCall& call = calls[k];
+      if (fabric_->is_local(s.src_rank)) {
+        const size_t i = s.src_rank - first;
+        call.sizes[(i * 4 + 0) * W + s.dst_rank] = s.units * 16;
+        call.at[(i * 2 + 0) * W + s.dst_rank] = static_cast<const char*>(s.src);
+      }
+      if (fabric_->is_local(s.dst_rank)) {
+        const size_t i = s.dst_rank - first;
+        call.sizes[(i * 4 + 2) * W + s.src_rank] = s.units * 16;
+        call.at[(i * 2 + 1) * W + s.src_rank] = static_cast<const char*>(s.dst);
+      }
+    }
+    for (FabricCall& call : calls)
+      for (int i = 0; i < n; ++i) {
+        const char* base[2] = {nullptr, nullptr};  // the lowest send and recv addresses
+        for (int dir = 0; dir < 2; ++dir)
+          for (int p = 0; p < W; ++p) {
+            const char* at = call.at[(size_t(i) * 2 + dir) * W + p];
+            if (at && (!base[dir] || at < base[dir])) base[dir] = at;
+          }
+        for (int dir = 0; dir < 2; ++dir)
+          for (int p = 0; p < W; ++p) {
+            const char* at = call.at[(size_t(i) * 2 + dir) * W + p];
+            call.sizes[(size_t(i) * 4 + 2 * dir + 1) * W + p] = at ? at - base[dir] : 0;
+          }
+        const int64_t* sizes = call.sizes.data() + size_t(i) * 4 * W;
+        call.args[i] = {base[0], sizes, sizes + W, const_cast<char*>(base[1]), sizes + 2 * W, sizes + 3 * W};
+      }
   }
 }
 
-void AllToAllPlan::run(int id, CUstream_st* stream) const {
-  COMET_CHECK(id >= 0 && id < int(staged_.size()), "all-to-all " << id << " was not staged");
-  copy_between_ranks(staged_[id], stream);
+void AllToAllPlan::run(int id, int issuer, CUstream_st* stream) const {
+  COMET_CHECK(issuer >= 0 && issuer < issuers_, "all-to-all " << id << ": issuer " << issuer << " outside [0, "
+                                                              << issuers_ << ")");
+  if (fabric_) {
+    COMET_CHECK(id >= 0 && id < int(calls_.size()), "all-to-all " << id << " was not staged");
+    for (const FabricCall& call : calls_[id]) fabric_->all_to_all_v(call.args.data(), stream);
+    return;
+  }
+  COMET_CHECK(id >= 0 && size_t(id) < staged_.size() / issuers_, "all-to-all " << id << " was not staged");
+  copy_between_ranks(staged_[size_t(id) * issuers_ + issuer], stream);
 }
 
 int64_t AllToAllPlan::bytes(int id, bool remote_only) const {

@@ -6,18 +6,29 @@
 //
 // AllToAllPlan is the seam between the baselines and the fabric: a forward describes each
 // all-to-all-v (or all-gather) as transfers between ranks, stages them once, and runs them by
-// id. On the Loopback and Local fabrics (one process drives every rank) run() is one
-// copy_between_ranks() launch. On a multi-process NCCL fabric run() becomes, per process, one
-// ncclGroupStart / ncclSend + ncclRecv per peer / ncclGroupEnd over the same transfers (the
-// buffers are the same; the segment list is then not needed).
+// id. Two ways to run, chosen once per plan:
+// - copies (one process drives every rank: Loopback, Local): run() is one copy_between_ranks()
+//   launch per issuer. An issuer is a device of the process; the transfers a rank sends are
+//   copied by its issuer (set_issuers; default: one issuer for every rank), pushing into the
+//   peers' memory (on several GPUs over P2P, with unified addressing). The caller orders the
+//   issuers' streams around each run (each issuer's part only reads and writes its own streams).
+// - fabric (a process drives only some ranks: Nccl, one rank per process): run() is, per process,
+//   one fabric.all_to_all_v() (ncclGroupStart / ncclSend + ncclRecv per peer / ncclGroupEnd)
+//   over the same transfers of the process's local ranks; a pair with several transfers in one
+//   all-to-all (the dispatch's rows and metadata) takes one such call per transfer, in add
+//   order. Every process must add the same transfers in the same order, those of other pairs
+//   included (with any addresses: only the local ranks' sides are used), so that the calls and
+//   their sizes match across processes.
 //
 // Assumptions: every pointer and byte count is a multiple of 16 (rows of bf16 with H % 8 == 0,
-// metadata padded to 16 bytes); every pointer is valid on the device that runs the copy
-// (one device today: the baselines refuse ranks on several GPUs).
+// metadata padded to 16 bytes); every pointer is valid on the device that runs the copy (its
+// own memory, or a peer's with P2P access enabled).
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "fabric/fabric.h"
 
 struct CUstream_st;
 
@@ -54,6 +65,14 @@ struct Transfer {
 
 class AllToAllPlan {
  public:
+  // How run() moves the bytes (see the file header); set before stage(), kept by clear().
+  // issuer_of_rank[r] in [0, issuers) runs the copies rank r sends; every rank needs an entry.
+  void set_issuers(std::vector<int> issuer_of_rank);
+  // fabric.all_to_all_v over the transfers of the fabric's local ranks; the fabric must outlive
+  // the plan.
+  void use_fabric(fabric::Fabric& fabric);
+  int issuers() const { return issuers_; }
+
   void clear();
   // Starts a new all-to-all and returns its id (0, 1, ... in the order of add()).
   int add();
@@ -61,20 +80,38 @@ class AllToAllPlan {
   // pointer or size that is not a multiple of 16 bytes.
   void add_transfer(int id, const Transfer& transfer);
   int size() const { return used_; }
-  // Bytes stage() writes.
+  // Bytes stage() writes (copies: the segment lists; fabric: none).
   int64_t staged_bytes() const;
   // Writes every all-to-all's segments to `host`, to be copied (by the caller, before any run())
-  // to `device`; both hold staged_bytes() bytes, 16-byte aligned.
-  void stage(void* host, void* device);
-  // Runs all-to-all `id` (asynchronous on `stream`); requires stage() and the copy.
-  void run(int id, CUstream_st* stream) const;
-  // Bytes of all-to-all `id`; remote_only leaves out a rank's transfers to itself.
+  // to device[i] on the device of issuer i, for every issuer; each holds staged_bytes() bytes,
+  // 16-byte aligned. With a fabric it prepares the calls' size and offset arrays instead.
+  void stage(void* host, void* const* device);
+  void stage(void* host, void* device) { stage(host, &device); }  // one issuer
+  // Runs issuer `issuer`'s part of all-to-all `id` (asynchronous on `stream`, a stream of that
+  // issuer's device); requires stage() and the copy. With a fabric: issuer 0, the whole call.
+  void run(int id, int issuer, CUstream_st* stream) const;
+  void run(int id, CUstream_st* stream) const { run(id, 0, stream); }  // one issuer
+  // Bytes of all-to-all `id`, every pair's; remote_only leaves out a rank's transfers to itself.
   int64_t bytes(int id, bool remote_only) const;
 
  private:
+  // One fabric.all_to_all_v of a staged all-to-all: per local rank, W peers each of send bytes,
+  // send offsets, recv bytes, recv offsets (from the lowest address the rank sends or receives).
+  struct FabricCall {
+    std::vector<fabric::AllToAllVArgs> args;  // [local rank]
+    std::vector<int64_t> sizes;               // [local rank][4][W]
+    std::vector<const char*> at;              // [local rank][2][W] send, recv addresses
+  };
+  void stage_fabric();
+  int issuer_of(int rank) const;
+
+  std::vector<int> issuer_of_;  // [W]; empty: issuer 0 for every rank
+  int issuers_ = 1;
+  fabric::Fabric* fabric_ = nullptr;
   std::vector<std::vector<CopySegment>> lists_;  // [0, used_) in use
   int used_ = 0;
-  std::vector<CopyList> staged_;
+  std::vector<CopyList> staged_;               // [id][issuer]
+  std::vector<std::vector<FabricCall>> calls_;  // [id][call]
 };
 
 }  // namespace comet::cuda

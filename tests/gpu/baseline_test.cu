@@ -11,6 +11,13 @@
 // fewer rows per call and may choose other kernels, so chunks > 1 is held to the tolerance
 // (against the oracle and against the sequential output); whether it was bitwise equal anyway
 // is printed.
+//
+// Local fabric (one rank per GPU, needs as many GPUs as ranks, else skipped with a message): the
+// output equals the Loopback output bitwise, for every schedule. Each rank runs the same kernels
+// and cuBLAS calls with the same shapes in the same order on the same GPU model; only the
+// inter-rank copies (exact byte moves) and the streams differ, and no step depends on timing.
+#include <cuda_runtime.h>
+
 #include <iostream>
 #include <memory>
 
@@ -19,6 +26,7 @@
 #include "comet/problem.h"
 #include "cuda/device_problem.h"
 #include "fabric/fabric.h"
+#include "fabric/fabric_util.h"
 #include "gpu_test_util.h"
 #include "layer_cases.h"
 #include "ref/oracle.h"
@@ -248,6 +256,178 @@ TEST(Baseline, RefusesWhatItCannotRun) {
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward({}, nullptr); }, {"set_weights"}));
   auto three = fabric::make_loopback_fabric(3);
   EXPECT_TRUE(test::throws_with<Error>([&] { BaselineMoe refused(c, *three); }, {"the fabric has 3 ranks"}));
+}
+
+// ---- Local fabric: rank r on GPU r ----
+
+int visible_gpus() { return comet::testing::have_gpu() ? fabric::detail::visible_devices() : 0; }
+
+#define COMET_REQUIRE_GPUS(n)                                                                               \
+  do {                                                                                                      \
+    const int comet_gpus_ = visible_gpus();                                                                 \
+    if (comet_gpus_ < (n))                                                                                  \
+      GTEST_SKIP() << (n) << " ranks on the Local fabric need as many GPUs, " << comet_gpus_               \
+                   << " visible: multi-GPU test skipped";                                                   \
+  } while (0)
+
+// A problem's inputs with rank r's tensors on GPU r: one DeviceProblem per GPU (each holds every
+// rank's tensors; rank r uses the copy on GPU r).
+class ProblemOnGpus {
+ public:
+  ProblemOnGpus(const LayerConfig& c, const MoeProblem& p) {
+    fabric::detail::DeviceGuard guard;
+    for (int r = 0; r < c.layout.world; ++r) {
+      COMET_CUDA_CHECK(cudaSetDevice(r));
+      copies_.push_back(std::make_unique<cuda::DeviceProblem>(c, p));
+      tensors_.push_back(copies_[r]->tensors()[r]);
+    }
+  }
+  ~ProblemOnGpus() {
+    fabric::detail::DeviceGuard guard;
+    for (size_t r = 0; r < copies_.size(); ++r) {
+      cudaSetDevice(int(r));
+      copies_[r].reset();
+    }
+  }
+  const std::vector<RankTensors>& tensors() const { return tensors_; }
+  cuda::DeviceProblem& on(int r) { return *copies_[r]; }
+  void poison() {
+    fabric::detail::DeviceGuard guard;
+    for (size_t r = 0; r < copies_.size(); ++r) {
+      COMET_CUDA_CHECK(cudaSetDevice(int(r)));
+      copies_[r]->poison_y();
+    }
+  }
+  // Every rank's y, after its GPU finished.
+  std::vector<std::vector<float>> y() {
+    fabric::detail::DeviceGuard guard;
+    std::vector<std::vector<float>> out;
+    for (size_t r = 0; r < copies_.size(); ++r) {
+      COMET_CUDA_CHECK(cudaSetDevice(int(r)));
+      COMET_CUDA_CHECK(cudaDeviceSynchronize());
+      out.push_back(copies_[r]->download_y()[r]);
+    }
+    return out;
+  }
+  // One forward on the default stream of GPU 0, outputs poisoned first.
+  std::vector<std::vector<float>> run(BaselineMoe& layer) {
+    poison();
+    fabric::detail::DeviceGuard guard;
+    COMET_CUDA_CHECK(cudaSetDevice(0));
+    layer.forward(tensors_, nullptr);
+    return y();
+  }
+
+ private:
+  std::vector<std::unique_ptr<cuda::DeviceProblem>> copies_;
+  std::vector<RankTensors> tensors_;
+};
+
+bool same_traffic(const BaselineTraffic& a, const BaselineTraffic& b) {
+  return a.dispatch_bytes == b.dispatch_bytes && a.dispatch_remote_bytes == b.dispatch_remote_bytes &&
+         a.combine_bytes == b.combine_bytes && a.combine_remote_bytes == b.combine_remote_bytes;
+}
+
+// The layer cases with 2..(visible GPUs) ranks, and a TP case on two.
+std::vector<LayerCase> local_cases(int gpus) {
+  std::vector<LayerCase> out;
+  for (const LayerCase& c : test::layer_cases())
+    if (c.world >= 2 && c.world <= gpus) out.push_back(c);
+  out.push_back({"mixtral-8x7b", 16, 2, 2, 64, {64, 0}, {RoutingKind::kZipf, 1.2, 0.1}, 77});
+  return out;
+}
+
+TEST(BaselineLocal, EqualsLoopbackBitwise) {
+  COMET_REQUIRE_GPUS(2);
+  for (const LayerCase& lc : local_cases(visible_gpus())) {
+    SCOPED_TRACE(lc.describe());
+    const LayerConfig c = lc.config();
+    const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+    auto loopback = fabric::make_loopback_fabric(c.layout.world);
+    BaselineMoe want_layer(c, *loopback);
+    want_layer.set_weights(p.weights);
+    cuda::DeviceProblem want_inputs(c, p);
+    auto local = fabric::make_local_fabric(c.layout.world);
+    BaselineMoe layer(c, *local);
+    layer.set_weights(p.weights);
+    ProblemOnGpus inputs(c, p);
+
+    const BaselineOptions schedules[] = {sequential_baseline(),
+                                         chunked_baseline(1),
+                                         chunked_baseline(2),
+                                         chunked_baseline(3),
+                                         {3, false, BaselineGemm::kPerExpertLoop},
+                                         chunked_baseline(2, BaselineGemm::kGroupedBatched)};
+    for (const BaselineOptions& o : schedules) {
+      SCOPED_TRACE(o.describe());
+      want_layer.set_options(o);
+      layer.set_options(o);
+      const auto want = run(want_layer, want_inputs);
+      const auto got = inputs.run(layer);
+      EXPECT_EQ(got, want) << "Local differs from Loopback";
+      EXPECT_EQ(inputs.run(layer), got) << "a second call differs";
+      EXPECT_TRUE(same_traffic(layer.last_traffic(), want_layer.last_traffic()));
+      if (o.chunks == 1 && !o.pipelined) EXPECT_TRUE(close_to(got, ref::oracle_forward(p))) << "against the oracle";
+    }
+  }
+}
+
+// The caller's stream on GPU 1 (rank 1's lane runs on it, rank 0's forks from it); the same
+// random weights as on Loopback (seeded per rank); bad input names the rank; wrong tensor counts.
+TEST(BaselineLocal, StreamsWeightsAndErrors) {
+  COMET_REQUIRE_GPUS(2);
+  const LayerCase lc{"qwen3-30b-a3b", 16, 2, 1, 64, {64, 41}, {RoutingKind::kZipf, 1.2, 0.1}, 12};
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  auto loopback = fabric::make_loopback_fabric(2);
+  BaselineMoe want_layer(c, *loopback, chunked_baseline(2));
+  want_layer.set_random_weights(5);
+  cuda::DeviceProblem want_inputs(c, p);
+  const auto want = run(want_layer, want_inputs);
+
+  auto local = fabric::make_local_fabric(2);
+  BaselineMoe layer(c, *local, chunked_baseline(2));
+  layer.set_random_weights(5);
+  ProblemOnGpus inputs(c, p);
+  EXPECT_EQ(inputs.run(layer), want) << "default stream of GPU 0";
+  {
+    fabric::detail::DeviceGuard guard;
+    COMET_CUDA_CHECK(cudaSetDevice(1));
+    cudaStream_t stream;
+    COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (const BaselineOptions& o : {chunked_baseline(2), sequential_baseline()}) {
+      SCOPED_TRACE(o.describe());
+      layer.set_options(o);
+      want_layer.set_options(o);
+      const auto want_o = run(want_layer, want_inputs);
+      inputs.poison();
+      COMET_CUDA_CHECK(cudaSetDevice(1));
+      layer.forward(inputs.tensors(), stream);
+      int current = -1;
+      COMET_CUDA_CHECK(cudaGetDevice(&current));
+      EXPECT_EQ(current, 1) << "forward() changed the current device";
+      COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+      EXPECT_EQ(inputs.y(), want_o) << "the caller's stream on GPU 1";
+    }
+    COMET_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
+
+  inputs.on(1).set_token_count(1, 65);
+  EXPECT_TRUE(test::throws_with<Error>([&] { inputs.run(layer); },
+                                       {"bad input from rank 1", "num_tokens 65", "T_max = 64"}));
+  inputs.on(1).set_token_count(1, 41);
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward({inputs.tensors()[0]}, nullptr); },
+                                       {"tensors for 1 ranks", "this process drives 2"}));
+  std::vector<RankTensors> null_y = inputs.tensors();
+  null_y[1].y = nullptr;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(null_y, nullptr); }, {"rank 1 has a null tensor"}));
+  layer.set_options(chunked_baseline(2));
+  want_layer.set_options(chunked_baseline(2));
+  EXPECT_EQ(inputs.run(layer), run(want_layer, want_inputs)) << "after the errors";
+  // run_part over both GPUs leaves the next forward unchanged.
+  layer.run_part(BaselineMoe::Part::kCompute, nullptr);
+  layer.run_part(BaselineMoe::Part::kCommunication, nullptr);
+  EXPECT_EQ(inputs.run(layer), want) << "after run_part";
 }
 
 }  // namespace

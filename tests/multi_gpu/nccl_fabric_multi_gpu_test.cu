@@ -5,11 +5,19 @@
 //   tests/multi_gpu/run_ranks.sh 4 build/tests/multi_gpu/nccl_fabric_multi_gpu_test   (stand-in)
 // Without those variables, or with fewer GPUs than ranks, every test skips with a message
 // containing "multi_gpu test skipped" (ctest reports the test as skipped).
-// The run and its rules: multi_gpu/nccl_run.h.
+//
+// Every rank runs the same tests in the same order, so the fabric's collective calls match
+// up. Checks use EXPECT (not ASSERT) wherever a collective call follows, so that a failed
+// check on one rank does not leave the others waiting.
 #include <algorithm>
+#include <memory>
+#include <sstream>
 #include <vector>
 
+#include "core/process_env.h"
+#include "fabric/fabric.h"
 #include "gpu/fabric_test_kernels.cuh"
+#include "gpu/gpu_test_util.h"
 #include "multi_gpu/nccl_run.h"
 #include "support/test_support.h"
 
