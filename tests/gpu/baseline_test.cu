@@ -399,6 +399,7 @@ TEST(BaselineLocal, StreamsWeightsAndErrors) {
       SCOPED_TRACE(o.describe());
       layer.set_options(o);
       want_layer.set_options(o);
+      COMET_CUDA_CHECK(cudaSetDevice(0));  // the Loopback reference runs on GPU 0's default stream
       const auto want_o = run(want_layer, want_inputs);
       inputs.poison();
       COMET_CUDA_CHECK(cudaSetDevice(1));

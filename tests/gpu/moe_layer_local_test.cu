@@ -40,7 +40,7 @@ std::vector<LayerCase> local_cases(int world) {
   std::vector<int> tokens;
   for (int r = 0; r < world; ++r) tokens.push_back(r == 1 ? 0 : 96 - 17 * r % 80);
   out.push_back({"mixtral-8x7b", 16, world, 1, 96, tokens, {RoutingKind::kUniform, 0, 0}, 3});
-  out.push_back({"qwen2-moe-2.7b", 16, world, world, 96, tokens, {RoutingKind::kZipf, 1.2, 0.1}, 4});
+  out.push_back({"mixtral-8x7b", 16, world, world, 96, tokens, {RoutingKind::kZipf, 1.2, 0.1}, 4});  // F/16/W % 8 == 0
   if (world % 2 == 0) out.push_back({"deepseek-v3", 16, world, 2, 96, tokens, {RoutingKind::kImbalance, 0.05, 0}, 5});
   return out;
 }
