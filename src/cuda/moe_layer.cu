@@ -13,6 +13,7 @@
 // The same reduction structure as the CPU backend; no float atomics, so it is deterministic.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -26,6 +27,7 @@
 #include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/random_fill.h"
+#include "cuda/trace_record.cuh"
 #include "fabric/fabric.h"
 
 namespace comet {
@@ -93,6 +95,27 @@ struct MoeLayer::Impl {
     uint64_t* epochs = nullptr;
   };
   std::vector<Rank> ranks;
+  // Timeline buffers (LayerOptions::trace), one allocation per rank made by the first traced
+  // forward and zeroed before each one; every record is a KernelTraceEvent (32 bytes):
+  //   tiles0  [MT * NB0]  layer0 GEMM tiles, slot = tile index
+  //   waits0  [MT * NB0]  layer0 GEMM producer waits, slot = tile index
+  //   tiles1  [MT * NB1]  layer1 GEMM tiles
+  //   chunks0 [C0]        layer0 communication records, C = trace_chunk_capacity() of the plan's
+  //   chunks1 [C1]        bounds (W * T_max slots, every warp of the grid), or the option
+  //   counts  unsigned [2] in one more record: chunk records claimed by each layer
+  struct TraceBuffers {
+    int64_t tiles0 = 0, tiles1 = 0, chunks0 = 0, chunks1 = 0;
+    std::vector<KernelTraceEvent*> base;  // [W]
+    bool last_forward_traced = false;
+    int n_comm[2] = {0, 0};  // of the traced forward
+    int64_t records() const { return 2 * tiles0 + tiles1 + chunks0 + chunks1 + 1; }
+    KernelTraceEvent* tiles(int r, int layer) const { return base[r] + (layer == 0 ? 0 : 2 * tiles0); }
+    KernelTraceEvent* waits(int r) const { return base[r] + tiles0; }
+    KernelTraceEvent* chunks(int r, int layer) const { return base[r] + 2 * tiles0 + tiles1 + (layer == 0 ? 0 : chunks0); }
+    int64_t chunk_capacity(int layer) const { return layer == 0 ? chunks0 : chunks1; }
+    unsigned* counts(int r) const { return reinterpret_cast<unsigned*>(base[r] + records() - 1); }
+  } trace;
+  int num_sms = 0;
   bool have_weights = false;
   LayerOptions options;
   TuningTable tuning;
@@ -238,8 +261,13 @@ struct MoeLayer::Impl {
   void run_fused(cudaStream_t stream) const {
     for (int layer = 0; layer < 2; ++layer)
       for (int r = 0; r < config.layout.world; ++r) {
-        const cuda::FusedCommArgs f = comm_args(r, layer, Signals::kOn);
+        cuda::FusedCommArgs f = comm_args(r, layer, Signals::kOn);
         cuda::GroupedGemmArgs g = gemm_args(r, layer);
+        if (options.trace) {
+          g.trace_tiles = trace.tiles(r, layer);
+          if (layer == 0) g.trace_waits = trace.waits(r);
+          f.trace = {trace.chunks(r, layer), trace.counts(r) + layer, unsigned(trace.chunk_capacity(layer))};
+        }
         if (layer == 0) {
           g.wait_flags = f.tile_arrivals;
           g.wait_targets = ranks[r].epochs + plan_layout.max_m_tiles;
@@ -249,6 +277,38 @@ struct MoeLayer::Impl {
           cuda::run_fused_layer1(g, f, stream);
         }
       }
+  }
+
+  // The trace buffers of every rank for this forward: allocated once (sized for T_max), zeroed.
+  void prepare_trace(cudaStream_t stream) {
+    const int64_t mt = plan_layout.max_m_tiles, warps = int64_t(num_sms) * cuda::kTraceWarpsPerBlock;
+    const int64_t slots = int64_t(config.layout.world) * config.max_tokens_per_rank;
+    const int groups = cuda::combine_groups(int(plan_layout.n_blocks1));
+    TraceBuffers want;
+    want.tiles0 = mt * plan_layout.n_blocks0;
+    want.tiles1 = mt * plan_layout.n_blocks1;
+    want.chunks0 = options.trace_chunk_capacity > 0 ? options.trace_chunk_capacity
+                                                    : cuda::trace_chunk_capacity(0, slots, groups, warps);
+    want.chunks1 = options.trace_chunk_capacity > 0 ? options.trace_chunk_capacity
+                                                    : cuda::trace_chunk_capacity(1, slots, groups, warps);
+    if (trace.base.empty() || want.tiles0 != trace.tiles0 || want.tiles1 != trace.tiles1 ||
+        want.chunks0 != trace.chunks0 || want.chunks1 != trace.chunks1) {
+      free_trace();
+      for (int r = 0; r < config.layout.world; ++r) {
+        void* p = nullptr;
+        COMET_CUDA_CHECK(cudaMalloc(&p, want.records() * sizeof(KernelTraceEvent)));
+        want.base.push_back(static_cast<KernelTraceEvent*>(p));
+      }
+      trace = want;
+    }
+    for (KernelTraceEvent* b : trace.base)
+      COMET_CUDA_CHECK(cudaMemsetAsync(b, 0, trace.records() * sizeof(KernelTraceEvent), stream));
+    trace.n_comm[0] = n_comm.n_comm0;
+    trace.n_comm[1] = n_comm.n_comm1;
+  }
+  void free_trace() {
+    for (KernelTraceEvent* b : trace.base) cudaFree(b);
+    trace.base.clear();
   }
 
   // After a failure the counters and bases no longer agree: zero both, on the caller's stream,
@@ -271,6 +331,7 @@ struct MoeLayer::Impl {
                       static_cast<void*>(r.id_table), static_cast<void*>(r.weight_table),
                       static_cast<void*>(r.epochs)})
         if (p) cudaFree(p);
+    free_trace();
   }
 };
 
@@ -327,6 +388,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     COMET_CUDA_CHECK(cudaMemset(r.epochs, 0, m.epoch_words() * sizeof(uint64_t)));
   }
   m.resolve_n_comm();
+  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, m.fabric.device_of(0)));
 }
 
 void MoeLayer::set_options(const LayerOptions& o) {
@@ -339,6 +401,9 @@ void MoeLayer::set_options(const LayerOptions& o) {
   COMET_CHECK(o.timeout_s > 0, "MoeLayer: timeout must be positive, got " << o.timeout_s);
   COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
+  COMET_CHECK(!o.trace || o.fused, "MoeLayer: LayerOptions::trace records the fused kernels; set fused too");
+  COMET_CHECK(o.trace_chunk_capacity >= 0 && o.trace_chunk_capacity < (int64_t(1) << 31),
+              "MoeLayer: trace_chunk_capacity must be in [0, 2^31), got " << o.trace_chunk_capacity);
   impl_->options = o;
   impl_->resolve_n_comm();
 }
@@ -421,6 +486,10 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
     COMET_CHECK(in[r].x && in[r].expert_ids && in[r].weights && in[r].num_tokens && in[r].y,
                 "MoeLayer: rank " << r << " has a null tensor pointer");
   auto region = [&](int r, const char* name) { return m.region(r, name); };
+  // Trace buffers first: allocating them may throw, and must not once the plans advanced epochs.
+  const bool traced = m.options.fused && m.options.trace;
+  if (traced) m.prepare_trace(stream);
+  m.trace.last_forward_traced = traced;
 
   // Step 1: publish.
   for (int r = 0; r < W; ++r) {
@@ -460,6 +529,42 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
     owner_reduce_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, stream>>>(a);
     COMET_CUDA_CHECK_LAUNCH();
   }
+}
+
+Trace MoeLayer::read_trace(CUstream_st* stream) {
+  const Impl& m = *impl_;
+  COMET_CHECK(m.trace.last_forward_traced, "MoeLayer::read_trace: the last forward ran without LayerOptions::trace");
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int W = m.config.layout.world;
+  auto download = [](const KernelTraceEvent* from, int64_t n) {
+    std::vector<KernelTraceEvent> out(size_t(std::max<int64_t>(n, 0)));
+    if (n > 0) COMET_CUDA_CHECK(cudaMemcpy(out.data(), from, n * sizeof(KernelTraceEvent), cudaMemcpyDeviceToHost));
+    return out;
+  };
+  std::vector<KernelTraceRecords> kernels;
+  for (int r = 0; r < W; ++r) {
+    int32_t num_tiles[2];
+    unsigned counts[2];
+    COMET_CUDA_CHECK(cudaMemcpy(num_tiles, m.ranks[r].plan.num_tiles, sizeof num_tiles, cudaMemcpyDeviceToHost));
+    COMET_CUDA_CHECK(cudaMemcpy(counts, m.trace.counts(r), sizeof counts, cudaMemcpyDeviceToHost));
+    for (int layer = 0; layer < 2; ++layer) {
+      KernelTraceRecords k;
+      k.rank = r;
+      k.layer = layer;
+      const int64_t tiles = std::min<int64_t>(num_tiles[layer], layer == 0 ? m.trace.tiles0 : m.trace.tiles1);
+      k.tiles = download(m.trace.tiles(r, layer), tiles);
+      if (layer == 0) k.waits = download(m.trace.waits(r), tiles);
+      k.chunk_count = counts[layer];
+      k.chunks = download(m.trace.chunks(r, layer), std::min<int64_t>(counts[layer], m.trace.chunk_capacity(layer)));
+      kernels.push_back(std::move(k));
+    }
+  }
+  KernelTraceShape shape;
+  shape.world = W;
+  shape.num_blocks = m.num_sms;
+  shape.n_comm[0] = m.trace.n_comm[0];
+  shape.n_comm[1] = m.trace.n_comm[1];
+  return make_kernel_trace(shape, kernels);
 }
 
 void MoeLayer::check(CUstream_st* stream) {
