@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "io/trace_writers.h"
 #include "io/tuning_json.h"
 #include "comet/config.h"
 
@@ -53,6 +54,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->check(CLI::Range(1, 32));
   l->add_flag("--no-baselines", lo.no_baselines, "leave out the sequential and chunked baselines");
   l->add_flag("--json", lo.json, "JSON instead of the table");
+  l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg");
+  l->add_option("--trace-ranks", lo.trace_ranks, "ranks drawn in the SVG, comma separated (default 0; the JSON has all)")
+      ->delimiter(',')->check(CLI::NonNegativeNumber);
   *layer = l;
   return bench;
 }
@@ -80,6 +84,9 @@ void check_bench_inputs(const std::vector<std::string>& models, const std::vecto
 }
 
 int bench_layer_command(const BenchLayerOptions& o) {
+  check_output_path(o.trace, "--trace");
+  for (int r : o.trace_ranks)
+    if (r >= o.ep * o.tp) throw UsageError("--trace-ranks: rank " + std::to_string(r) + " is not one of the W ranks");
   check_bench_inputs(o.models, o.tokens, "comet bench");
 #ifdef COMET_HAVE_CUDA
   bench::LayerBenchOptions lo;
@@ -96,6 +103,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.seed = o.seed;
   lo.baselines = !o.no_baselines;
   lo.chunks = o.chunks;
+  lo.trace_path = o.trace;
+  lo.trace_ranks = o.trace_ranks;
   const cuda::DeviceInfo info = cuda::query_device_info();
   std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP "
             << o.ep << " x TP " << o.tp << " virtual ranks (loopback fabric), full-size presets, uniform routing, "
@@ -106,6 +115,10 @@ int bench_layer_command(const BenchLayerOptions& o) {
   });
   if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
   else bench::print_layer_table(rows, std::cout);
+  for (const auto& r : rows)
+    if (!r.trace_path.empty())
+      std::cerr << "trace: " << r.trace_path << " and " << io::trace_svg_path(r.trace_path) << " (" << r.trace_events
+                << " events" << (r.trace_dropped > 0 ? ", " + std::to_string(r.trace_dropped) + " dropped" : "") << ")\n";
   for (const auto& r : rows)
     if (!r.fused_equals_unfused || (r.baselines_run() && !r.baselines_match)) return kExitVerifyFailed;
 #endif

@@ -69,6 +69,8 @@ struct BenchLayerOptions {
   std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
   bool no_baselines = false;
   bool json = false;
+  std::string trace;                // timeline of one traced fused forward per row (FILE.json + FILE.svg)
+  std::vector<int> trace_ranks{0};  // ranks drawn in the SVG
 };
 // Presets and token counts of a GPU command (UsageError naming the option), then that a GPU
 // is there (UsageError naming `command`).

@@ -18,7 +18,7 @@ bool gpu_available(std::string* why) {
   return false;
 }
 
-GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p) {
+GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, bool trace) {
   const Status ok = MoeLayer::can_implement(config);
   COMET_CHECK(ok.ok, "the CUDA backend cannot run this workload: " << ok.reason);
   const int W = config.layout.world;
@@ -27,6 +27,12 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p) {
   auto fabric = fabric::make_loopback_fabric(W);
   MoeLayer layer(config, *fabric);
   layer.set_weights(p.weights);
+  if (trace) {
+    LayerOptions options;
+    options.fused = true;
+    options.trace = true;
+    layer.set_options(options);
+  }
   const cuda::DeviceProblem tensors(config, p);
   cudaEvent_t start, stop;
   COMET_CUDA_CHECK(cudaEventCreate(&start));
@@ -41,6 +47,7 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p) {
   cudaEventDestroy(stop);
   out.forward_us = ms * 1e3;
   out.y = tensors.download_y();
+  if (trace) out.trace = layer.read_trace(nullptr);
   return out;
 }
 

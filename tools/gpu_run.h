@@ -7,6 +7,7 @@
 
 #include "comet/config.h"
 #include "comet/problem.h"
+#include "comet/trace.h"
 
 namespace comet::tools {
 
@@ -14,11 +15,14 @@ struct GpuRun {
   std::vector<std::vector<float>> y;  // [W][T_r * H]
   double forward_us = 0;              // first call, CUDA events (includes the device plan)
   std::string device;
+  Trace trace;                        // with trace: the fused kernels' timeline
 };
 
 // True when a GPU is visible; otherwise `why` says what the runtime reported.
 bool gpu_available(std::string* why);
-// Throws comet::Error (MoeLayer::can_implement's reason, or a device error) on failure.
-GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& problem);
+// Throws comet::Error (MoeLayer::can_implement's reason, or a device error) on failure. With
+// `trace`, the forward runs the fused kernels with LayerOptions::trace (their output equals the
+// unfused pipeline's bitwise) and GpuRun::trace holds the timeline.
+GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& problem, bool trace = false);
 
 }  // namespace comet::tools
