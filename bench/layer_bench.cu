@@ -15,8 +15,10 @@
 #include "comet/routing.h"
 #include "core/process_env.h"
 #include "cuda/check.h"
+#include "cuda/device_info.h"
 #include "cuda/random_fill.h"
 #include "fabric/fabric.h"
+#include "io/trace_writers.h"
 #include "ref/oracle.h"
 
 namespace comet::bench {
@@ -150,6 +152,45 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
   for (int chunks : o.chunks) check(chunked_baseline(chunks, b.gemm));
 }
 
+// One more fused forward of the row with its timeline recorded (after the timing, on a warm
+// GPU); its output must still equal the unfused one.
+void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const LayerConfig& c, const LayerBenchOptions& o,
+               bool several_rows, const std::vector<uint16_t>& want, LayerBenchRow& row, cudaStream_t stream) {
+  options.trace = true;
+  layer.set_options(options);
+  layer.forward(in.tensors, stream);
+  layer.check(stream);
+  row.fused_equals_unfused = row.fused_equals_unfused && download_all_y(c, in, row.tokens) == want;
+  Trace t = layer.read_trace(stream);
+  options.trace = false;
+  layer.set_options(options);
+  const cuda::DeviceInfo info = cuda::query_device_info();
+  std::ostringstream title;
+  title << "comet bench layer: " << row.model << ", " << row.tokens << " tokens per rank, W " << row.world << " = EP "
+        << row.ep << " x TP " << row.tp << ", fused kernels, n_comm " << row.n_comm0 << "/" << row.n_comm1 << ", "
+        << info.name << " (" << info.num_sms << " SMs), "
+        << (o.fabric == "loopback" ? "loopback fabric: the ranks' kernels run one after another"
+                                   : o.fabric + " fabric: one GPU per rank");
+  t.title = title.str();
+  // With one process per rank each writes its own rank's timeline, "-rank<r>" before ".json".
+  const bool per_process = o.fabric == "nccl";
+  row.trace_path = o.trace_path;
+  if (several_rows || per_process) {
+    std::string stem = o.trace_path;
+    if (stem.size() > 5 && stem.compare(stem.size() - 5, 5, ".json") == 0) stem.resize(stem.size() - 5);
+    if (several_rows)
+      stem += "-" + row.model + "-t" + std::to_string(row.tokens) + "-n" + std::to_string(row.n_comm0) + "-" +
+              std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m);
+    if (per_process) stem += "-rank" + std::to_string(row.rank);
+    row.trace_path = stem + ".json";
+  }
+  io::TimelineOptions svg;
+  svg.ranks = per_process ? std::vector<int>{row.rank} : o.trace_ranks;
+  io::write_trace_files(t, row.trace_path, svg);
+  row.trace_events = int64_t(t.events.size());
+  row.trace_dropped = t.dropped_events;
+}
+
 }  // namespace
 
 std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const LayerProgress& progress) {
@@ -244,6 +285,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
                   row.chunked_chunks = o.chunks[i];
                 }
             }
+            if (!o.trace_path.empty()) trace_row(layer, fused, *in, c, o, total > 1, want, row, stream);
             // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
             row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
             rows.push_back(row);

@@ -37,6 +37,12 @@ struct LayerBenchOptions {
   // times its own rank's stream (the forward's barriers keep the ranks in step) and the warm-up
   // is a fixed number of rounds, so that every rank runs the same sequence of forwards.
   std::string fabric = "loopback";
+  // Non-empty: after a row is timed, one more fused forward with LayerOptions::trace writes its
+  // timeline (io/trace_writers.h) to this path, or, when the run has several rows, to the path
+  // with "-<model>-t<tokens>-n<n_comm0>-<n_comm1>-g<group>" before ".json". The SVG draws
+  // `trace_ranks` (empty: every rank); the JSON holds every rank.
+  std::string trace_path;
+  std::vector<int> trace_ranks{0};
 };
 
 struct LayerBenchRow {
@@ -61,6 +67,10 @@ struct LayerBenchRow {
   bool baselines_match = false;           // every one within the bf16 tolerance
   int64_t baseline_remote_bytes = 0;      // dispatch + combine of the sequential run, remote only
   std::string baseline_note;
+  // LayerBenchOptions::trace_path: the JSON written (the SVG beside it), its events and the
+  // communication records dropped by a full buffer.
+  std::string trace_path;
+  int64_t trace_events = 0, trace_dropped = 0;
   bool baselines_run() const { return sequential_us > 0; }
   double speedup_over_sequential() const { return sequential_us / fused_us; }
   double speedup_over_chunked() const { return chunked_us / fused_us; }

@@ -78,6 +78,8 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
     } else if (!r.baseline_note.empty()) {
       row["baseline_note"] = r.baseline_note;
     }
+    if (!r.trace_path.empty())
+      row["trace"] = {{"path", r.trace_path}, {"events", r.trace_events}, {"dropped_events", r.trace_dropped}};
     j.push_back(row);
   }
   return j.dump(2);

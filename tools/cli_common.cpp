@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "comet/error.h"
@@ -71,6 +72,13 @@ std::string user_message(const std::string& what) {
   const size_t cut = msg.find(" (check `");
   if (cut != std::string::npos) msg.resize(cut);
   return one_line(msg);
+}
+
+void check_output_path(const std::string& path, const std::string& option) {
+  if (path.empty()) return;
+  const auto dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty() && !std::filesystem::is_directory(dir))
+    throw UsageError(option + ": directory \"" + dir.string() + "\" does not exist");
 }
 
 std::string one_line(const std::string& text) {

@@ -41,6 +41,9 @@ class UsageError : public std::runtime_error {
 std::string user_message(const std::string& what);
 // Newlines folded into "; " so that an error is always exactly one line.
 std::string one_line(const std::string& text);
+// An output file option (`option` FILE): its directory must exist, so that a typo fails before
+// the run, not after it. An empty path is no file.
+void check_output_path(const std::string& path, const std::string& option);
 
 struct WorkloadOptions {
   std::string model = "mixtral-8x7b";

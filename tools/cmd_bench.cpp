@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "io/trace_writers.h"
 #include "io/tuning_json.h"
 #include "comet/config.h"
 
@@ -59,6 +60,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->check(CLI::IsMember({"loopback", "local", "nccl"}))
       ->capture_default_str();
   l->add_flag("--json", lo.json, "JSON instead of the table");
+  l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg");
+  l->add_option("--trace-ranks", lo.trace_ranks, "ranks drawn in the SVG, comma separated (default 0; the JSON has all)")
+      ->delimiter(',')->check(CLI::NonNegativeNumber);
   *layer = l;
   return bench;
 }
@@ -86,6 +90,9 @@ void check_bench_inputs(const std::vector<std::string>& models, const std::vecto
 }
 
 int bench_layer_command(const BenchLayerOptions& o) {
+  check_output_path(o.trace, "--trace");
+  for (int r : o.trace_ranks)
+    if (r >= o.ep * o.tp) throw UsageError("--trace-ranks: rank " + std::to_string(r) + " is not one of the W ranks");
   check_bench_inputs(o.models, o.tokens, "comet bench");
 #ifdef COMET_HAVE_CUDA
   bench::LayerBenchOptions lo;
@@ -106,6 +113,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
   // With one process per rank, rank 0 speaks for the run; every rank still fails on a mismatch.
   const char* rank_env = std::getenv("RANK");
   const bool quiet = o.fabric == "nccl" && rank_env != nullptr && std::string(rank_env) != "0";
+  lo.trace_path = o.trace;
+  lo.trace_ranks = o.trace_ranks;
   const cuda::DeviceInfo info = cuda::query_device_info();
   const std::string ranks = o.fabric == "loopback" ? "virtual ranks on one GPU (loopback fabric)"
                             : o.fabric == "local"  ? "ranks, one GPU each, one process (local fabric)"
@@ -122,6 +131,10 @@ int bench_layer_command(const BenchLayerOptions& o) {
     if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
     else bench::print_layer_table(rows, std::cout);
   }
+  for (const auto& r : rows)
+    if (!r.trace_path.empty())
+      std::cerr << "trace: " << r.trace_path << " and " << io::trace_svg_path(r.trace_path) << " (" << r.trace_events
+                << " events" << (r.trace_dropped > 0 ? ", " + std::to_string(r.trace_dropped) + " dropped" : "") << ")\n";
   for (const auto& r : rows)
     if (!r.fused_equals_unfused || (r.baselines_run() && !r.baselines_match)) return kExitVerifyFailed;
 #endif

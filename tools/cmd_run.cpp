@@ -12,7 +12,6 @@
 // Exit codes: 0 verified, 1 verification failed, 2 bad input, 3 runtime failure.
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -61,6 +60,7 @@ struct RunResult {
   int first_rank = 0;           // y[i] and want[i] are rank first_rank + i (nccl: this process's rank)
   int64_t saved_tensors = 0;
   int64_t trace_events = 0;
+  std::vector<int> trace_lanes;     // cuda: n_comm of layer0 and layer1, then the grid
   int64_t saved_bytes = 0;
 };
 
@@ -136,7 +136,7 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   os << "comet run: " << config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed)
      << "\n";
   if (r.backend == "cuda") {
-    const char* kernels = o.fused ? "fused Comet kernels" : "unfused pipeline";
+    const char* kernels = !o.trace.empty() ? "fused Comet kernels, traced" : o.fused ? "fused Comet kernels" : "unfused pipeline";
     if (r.fabric == "loopback")
       os << strf("backend: cuda (%d virtual ranks on one %s, loopback fabric, %s)\n", c.layout.world, r.device.c_str(),
                  kernels);
@@ -205,7 +205,11 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
              r.gpu.c_str(), full.model.name.c_str(), tokens_text(r.full.tokens_per_rank).c_str(),
              full.layout.ep, full.layout.tp, lc.t_compute_us, lc.t_comm_us, lc.t_weights_us,
              lc.lower_bound_us, lc.bound_by.c_str());
-  if (!o.trace.empty())
+  if (!o.trace.empty() && r.backend == "cuda")
+    os << "trace: " << o.trace << " and its .svg (" << r.trace_events << " events; lanes: " << r.trace_lanes[2]
+       << " thread blocks per kernel, " << r.trace_lanes[0] << " (layer0) and " << r.trace_lanes[1]
+       << " (layer1) communicate)\n";
+  else if (!o.trace.empty())
     os << "trace: " << o.trace << " and its .svg (" << r.trace_events << " events; lanes: " << o.comm_workers
        << " comm + " << o.compute_workers << " compute workers per rank and layer)\n";
   if (!o.save.empty())
@@ -303,7 +307,8 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "(default: the library's budget)")
       ->group("Backend");
   cmd->add_option("--gpu", o.gpu, "GPU of the full-size lower bound")->capture_default_str()->group("Output");
-  cmd->add_option("--trace", o.trace, "record a timeline: FILE.json (Chrome/Perfetto) and FILE.svg (CPU backend)")
+  cmd->add_option("--trace", o.trace,
+                  "record a timeline: FILE.json (Chrome/Perfetto) and FILE.svg (cuda: of the fused kernels)")
       ->group("Output");
   cmd->add_option("--save", o.save, "write inputs, weights and outputs to FILE.safetensors")
       ->group("Output");
@@ -353,24 +358,12 @@ int run_command(const RunOptions& o) {
     if (!known) throw UsageError("--gpu: unknown GPU \"" + o.gpu + "\" (known: " + names + ")");
     r.gpu = o.gpu;
   }
-  if (!o.trace.empty()) {
-    const auto dir = std::filesystem::path(o.trace).parent_path();
-    if (!dir.empty() && !std::filesystem::is_directory(dir))
-      throw UsageError("--trace: directory \"" + dir.string() + "\" does not exist");
-    if (r.backend == "cuda") {
-      if (o.backend == "cuda") throw UsageError("--trace records the CPU backend only so far; use --backend cpu");
-      r.backend = "cpu";  // auto: the timeline is recorded by the CPU backend
-    }
-  }
+  // Fail before the run, not after it: a missing directory is a typo, not a runtime failure.
+  check_output_path(o.trace, "--trace");
   const std::string& save = o.save;
   if (!save.empty() && o.fabric == "nccl")
     throw UsageError("--save writes every rank's output; with --fabric nccl a process holds only its own rank's");
-  if (!save.empty()) {
-    // Fail before the run, not after it: a missing directory is a typo, not a runtime failure.
-    const auto dir = std::filesystem::path(save).parent_path();
-    if (!dir.empty() && !std::filesystem::is_directory(dir))
-      throw UsageError("--save: directory \"" + dir.string() + "\" does not exist");
-  }
+  check_output_path(save, "--save");
 
   // Scale for the CPU backend: same E, topk, layout and routing; smaller H, F and tokens.
   const LayerConfig& full = r.full.config;
@@ -439,13 +432,21 @@ int run_command(const RunOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
 #ifdef COMET_HAVE_CUDA
   if (r.backend == "cuda") {
-    GpuRun g = run_on_gpu(r.config, problem, {o.fabric, o.fused});  // MoeLayer takes its own tile shapes
+    GpuRun g = run_on_gpu(r.config, problem, {o.fabric, o.fused, ro.trace});  // MoeLayer takes its own tile shapes
     r.y = std::move(g.y);
     r.forward_us = g.forward_us;
     r.device = g.device;
     r.fabric = g.fabric;
     r.devices = g.devices;
     r.first_rank = g.first_rank;
+    if (ro.trace) {
+      g.trace.title = "comet run: " + config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed) +
+                      " (fused kernels on " + g.device + ", scaled for the oracle)";
+      r.trace_events = int64_t(g.trace.events.size());
+      r.trace_lanes = g.trace.layer_comm_lanes;
+      r.trace_lanes.push_back(g.trace.comm_lanes + g.trace.compute_lanes);
+      io::write_trace_files(g.trace, o.trace);
+    }
   }
 #endif
   if (r.backend == "cpu") {

@@ -72,6 +72,8 @@ struct BenchLayerOptions {
   bool no_baselines = false;
   bool json = false;
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
+  std::string trace;                // timeline of one traced fused forward per row (FILE.json + FILE.svg)
+  std::vector<int> trace_ranks{0};  // ranks drawn in the SVG
 };
 // Presets and token counts of a GPU command (UsageError naming the option), then that a GPU
 // is there (UsageError naming `command`).

@@ -31,7 +31,8 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const GpuRunOp
   MoeLayer layer(config, *fabric);
   layer.set_weights(p.weights);
   LayerOptions lo;
-  lo.fused = options.fused;
+  lo.fused = options.fused || options.trace;
+  lo.trace = options.trace;
   layer.set_options(lo);
   const cuda::DeviceProblem tensors(config, p, fabric.get());
   cudaEvent_t start, stop;
@@ -47,6 +48,7 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const GpuRunOp
   cudaEventDestroy(stop);
   out.forward_us = ms * 1e3;
   out.y = tensors.download_y();
+  if (options.trace) out.trace = layer.read_trace(nullptr);
   return out;
 }
 

@@ -8,12 +8,14 @@
 
 #include "comet/config.h"
 #include "comet/problem.h"
+#include "comet/trace.h"
 
 namespace comet::tools {
 
 struct GpuRunOptions {
   std::string fabric = "loopback";  // loopback, local or nccl
   bool fused = false;
+  bool trace = false;  // the fused kernels with LayerOptions::trace; GpuRun::trace holds the timeline
 };
 
 struct GpuRun {
@@ -23,13 +25,13 @@ struct GpuRun {
   int devices = 1;                    // GPUs this process used
   double forward_us = 0;              // first call, CUDA events (includes the device plan)
   std::string device;
+  Trace trace;                        // with trace: the fused kernels' timeline
 };
 
 // True when a GPU is visible; otherwise `why` says what the runtime reported.
 bool gpu_available(std::string* why);
-// Throws comet::Error (MoeLayer::can_implement's reason, or a device error) on failure.
-// Throws comet::Error for an unknown fabric or a launch that does not match the layout
-// (fabric::make_fabric).
+// Throws comet::Error (MoeLayer::can_implement's reason, a device error, or an unknown fabric
+// or a launch that does not match the layout: fabric::make_fabric) on failure.
 GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& problem, const GpuRunOptions& options);
 
 }  // namespace comet::tools

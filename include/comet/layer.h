@@ -27,6 +27,7 @@
 
 #include "comet/config.h"
 #include "comet/problem.h"
+#include "comet/trace.h"
 #include "comet/tuning.h"
 
 struct CUstream_st;
@@ -49,6 +50,13 @@ struct LayerOptions {
   int layer0_group_m = 0;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
+  // Record the fused kernels' timeline (needs fused): per block, every GEMM tile, the GEMM
+  // producer's waits, and the communication chunks and waits (docs/gpu_layer.md "Timeline");
+  // read_trace() returns it. Off: no records, no cost beyond a null test per tile and chunk.
+  bool trace = false;
+  // Communication records kept per kernel; 0: the plan's bound, which never overflows. Records
+  // past it are counted (Trace::dropped_events), never written.
+  int64_t trace_chunk_capacity = 0;
 };
 
 struct RankTensors {
@@ -91,6 +99,12 @@ class MoeLayer {
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
   // Waits for `stream`, then throws comet::Error describing the first recorded device error.
   void check(CUstream_st* stream);
+  // The timeline of the last forward() with LayerOptions::trace (call check() first): one event
+  // per GEMM tile, producer wait that took time, communication chunk and communication wait of
+  // every rank's two kernels; lane = thread block, sublane = warp; times in ns from the
+  // forward's first recorded event. Waits for `stream`. Throws comet::Error when the last
+  // forward was not traced or did not finish.
+  Trace read_trace(CUstream_st* stream);
   const LayerConfig& config() const;
 
  private:

@@ -13,6 +13,8 @@
 //             combine_recv slot; with col_done set, a warp acquire-waits every column block of
 //             a group once when it enters the group; with combine_claims set, warps claim
 //             items from a counter, so blocks that finish their GEMM tiles join in
+//   tracing   with f.trace set, lane 0 of each warp records its chunks and waits
+//             (cuda/trace_record.cuh); the data movement is the same either way
 //
 // Why this shape (H200, docs/results/): a warp that loads one chunk per lane and stores it
 // before the next load is bound by load latency (~1 us per 512 bytes per warp); keeping 8
@@ -29,6 +31,7 @@
 #include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/signal.cuh"
+#include "cuda/trace_record.cuh"
 
 namespace comet::cuda {
 
@@ -54,7 +57,9 @@ __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum
   const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
   uint4* a_rows = static_cast<uint4*>(f.a_rows);
   int pos = 0;  // slots only grow, so the ring position only advances
+  ChunkRecorder trace(f.trace, 0, f.rank);
   for (int slot = warp; slot < total; slot += num_warps) {
+    trace.begin_item(slot);
     while (pos + 1 < f.world && psum[pos + 1] <= slot) ++pos;
     const int src = (f.rank + pos) % f.world;
     const int32_t* rows = f.plan.recv_rows + int64_t(slot) * f.rows_per_token;
@@ -83,7 +88,9 @@ __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum
       __syncwarp();
       if (my_row >= 0) red_release_gpu(f.tile_arrivals + my_row / kGemmBlockM, 1);
     }
+    trace.end_item();
   }
+  trace.flush();
 }
 
 // acc += w * x for the 8 bf16 values of one chunk (explicit fma: one rounding, one order).
@@ -129,6 +136,7 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
   const uint4* out_rows = static_cast<const uint4*>(f.out_rows);
   int ready_group = -1;  // the column group this warp last waited for
   int next = warp, claim_end = 0;
+  ChunkRecorder trace(f.trace, 1, f.rank);
   while (true) {
     // Step 1: the next item (claimed in batches from the counter, or the static stride).
     int i;
@@ -148,14 +156,19 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
     const int g = i / total, slot = i % total;
     // Step 2: wait (once per group) until GEMM1 stored every tile of the group's column blocks.
     if (f.col_done != nullptr && g != ready_group) {
-      if (lane == 0)
+      trace.flush();  // a chunk record never spans a wait
+      if (lane == 0) {
+        const uint64_t wait_begin = trace.clock();
         for (int j = g * kCombineGroupBlocks; j < min(f.num_col_blocks, (g + 1) * kCombineGroupBlocks); ++j) {
           const WaitSite site{f.rank, 1, WaitRole::kCommColumnBlock, j};
           if (!wait_at_least(f.col_done + j, f.col_target[j], f.timeout_ns, f.error, site)) break;
         }
+        trace.wait(wait_begin, g);
+      }
       __syncwarp();
       ready_group = g;
     }
+    trace.begin_item(i);
     // Step 3: the token's rows and weights, one per lane, then its partial row for the group's
     // columns: acc = sum over rows in slot order of w * x (fp32), one bf16 rounding.
     const int pos = ring_pos(psum, f.world, slot);
@@ -189,7 +202,9 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
         if (c < c_end) dst[c] = to_bf16_chunk(acc + 8 * u);
       }
     }
+    trace.end_item();
   }
+  trace.flush();
 }
 
 // Owner reduce (after layer1, on the owner): one warp per own token; the partial rows of the

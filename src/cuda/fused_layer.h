@@ -18,12 +18,21 @@
 
 #include <cstdint>
 
+#include "core/kernel_trace.h"
 #include "cuda/device_plan.h"
 #include "cuda/grouped_gemm.h"
 
 struct CUstream_st;
 
 namespace comet::cuda {
+
+// Where the communication warps of one kernel record their chunks and waits
+// (core/kernel_trace.h, cuda/trace_record.cuh). Null `chunks`: tracing off.
+struct TraceSink {
+  KernelTraceEvent* chunks = nullptr;  // [capacity]
+  unsigned* count = nullptr;           // slots claimed (zeroed before the forward)
+  unsigned capacity = 0;
+};
 
 // Everything the communication blocks of one rank need (POD, passed to the kernel by value).
 struct FusedCommArgs {
@@ -46,6 +55,7 @@ struct FusedCommArgs {
   // layer1 work counter, zeroed by this call's plan kernel: comm warps and, once their tiles are
   // done, GEMM warps claim combine items from it. Null: a static split over the comm warps.
   unsigned* combine_claims = nullptr;
+  TraceSink trace{};                  // LayerOptions::trace
 };
 
 // Launch one layer cooperatively on num_SMs blocks (asynchronous on `stream`). `gemm` carries

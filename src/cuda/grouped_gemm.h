@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comet/error.h"
+#include "core/kernel_trace.h"
 #include "cuda/device_error.h"
 
 struct CUstream_st;
@@ -85,6 +86,10 @@ struct GroupedGemmArgs {
   const uint64_t* wait_targets = nullptr;
   uint64_t* done_flags = nullptr;
   uint64_t* tile_end_ns = nullptr;  // optional: %globaltimer when each tile was stored
+  // Optional timeline (core/kernel_trace.h): slot t = tile t; waits: the producer's wait on
+  // tile t's signal (with wait_flags only). Null: not recorded, no cost beyond a null test.
+  KernelTraceEvent* trace_tiles = nullptr;
+  KernelTraceEvent* trace_waits = nullptr;
   DeviceError* error = nullptr;     // required
   uint64_t timeout_ns = 5'000'000'000ull;
   int num_blocks = 0;               // 0: one per SM

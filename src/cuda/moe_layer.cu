@@ -23,6 +23,7 @@
 //   keeps the next call's publish and pushes away from buffers peers still read.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -39,6 +40,7 @@
 #include "cuda/grouped_gemm.h"
 #include "cuda/random_fill.h"
 #include "cuda/rank_barrier.h"
+#include "cuda/trace_record.cuh"
 #include "fabric/fabric.h"
 #include "fabric/fabric_util.h"
 
@@ -110,6 +112,28 @@ struct MoeLayer::Impl {
     cudaEvent_t done = nullptr;
   };
   std::vector<Rank> ranks;  // this process's ranks: entry i is rank fabric.first_local_rank() + i
+  // Timeline buffers (LayerOptions::trace), one allocation per local rank made by the first
+  // traced forward and zeroed before each one; every record is a KernelTraceEvent (32 bytes):
+  //   tiles0  [MT * NB0]  layer0 GEMM tiles, slot = tile index
+  //   waits0  [MT * NB0]  layer0 GEMM producer waits, slot = tile index
+  //   tiles1  [MT * NB1]  layer1 GEMM tiles
+  //   chunks0 [C0]        layer0 communication records, C = trace_chunk_capacity() of the plan's
+  //   chunks1 [C1]        bounds (W * T_max slots, every warp of the grid), or the option
+  //   counts  unsigned [2] in one more record: chunk records claimed by each layer
+  struct TraceBuffers {
+    int64_t tiles0 = 0, tiles1 = 0, chunks0 = 0, chunks1 = 0;
+    std::vector<KernelTraceEvent*> base;  // [local ranks]
+    bool last_forward_traced = false;
+    int n_comm[2] = {0, 0};  // of the traced forward
+    int64_t records() const { return 2 * tiles0 + tiles1 + chunks0 + chunks1 + 1; }
+    KernelTraceEvent* tiles(int i, int layer) const { return base[i] + (layer == 0 ? 0 : 2 * tiles0); }
+    KernelTraceEvent* waits(int i) const { return base[i] + tiles0; }
+    KernelTraceEvent* chunks(int i, int layer) const { return base[i] + 2 * tiles0 + tiles1 + (layer == 0 ? 0 : chunks0); }
+    int64_t chunk_capacity(int layer) const { return layer == 0 ? chunks0 : chunks1; }
+    unsigned* counts(int i) const { return reinterpret_cast<unsigned*>(base[i] + records() - 1); }
+  } trace;
+  int num_sms = 0;
+  int local_index(const Rank& k) const { return k.rank - fabric.first_local_rank(); }
   bool per_rank_streams = false;
   std::map<int, cudaEvent_t> fork_events;  // per device of a caller's stream
   std::string unusable;                     // why forward() refuses (after a multi-process error)
@@ -252,8 +276,14 @@ struct MoeLayer::Impl {
   // One of the two Comet kernels of a rank (cuda/fused_layer.h). Layer0 only pulls published
   // rows and layer1 only pushes, so no kernel waits on another rank's kernel.
   void fused(const Rank& k, int layer, cudaStream_t s) const {
-    const cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOn);
+    cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOn);
     cuda::GroupedGemmArgs g = gemm_args(k, layer);
+    if (options.trace) {
+      const int i = local_index(k);
+      g.trace_tiles = trace.tiles(i, layer);
+      if (layer == 0) g.trace_waits = trace.waits(i);
+      f.trace = {trace.chunks(i, layer), trace.counts(i) + layer, unsigned(trace.chunk_capacity(layer))};
+    }
     if (layer == 0) {
       g.wait_flags = f.tile_arrivals;
       g.wait_targets = k.epochs + plan_layout.max_m_tiles;
@@ -376,6 +406,43 @@ struct MoeLayer::Impl {
     }
   }
 
+  // The trace buffers of every local rank for this forward: allocated once (sized for T_max) on
+  // the rank's device, zeroed on the stream the rank's work runs on.
+  void prepare_trace(cudaStream_t stream) {
+    const int64_t mt = plan_layout.max_m_tiles, warps = int64_t(num_sms) * cuda::kTraceWarpsPerBlock;
+    const int64_t slots = int64_t(config.layout.world) * config.max_tokens_per_rank;
+    const int groups = cuda::combine_groups(int(plan_layout.n_blocks1));
+    TraceBuffers want;
+    want.tiles0 = mt * plan_layout.n_blocks0;
+    want.tiles1 = mt * plan_layout.n_blocks1;
+    want.chunks0 = options.trace_chunk_capacity > 0 ? options.trace_chunk_capacity
+                                                    : cuda::trace_chunk_capacity(0, slots, groups, warps);
+    want.chunks1 = options.trace_chunk_capacity > 0 ? options.trace_chunk_capacity
+                                                    : cuda::trace_chunk_capacity(1, slots, groups, warps);
+    if (trace.base.empty() || want.tiles0 != trace.tiles0 || want.tiles1 != trace.tiles1 ||
+        want.chunks0 != trace.chunks0 || want.chunks1 != trace.chunks1) {
+      free_trace();
+      DeviceGuard guard;
+      for (const Rank& k : ranks) {
+        COMET_CUDA_CHECK(cudaSetDevice(k.device));
+        void* p = nullptr;
+        COMET_CUDA_CHECK(cudaMalloc(&p, want.records() * sizeof(KernelTraceEvent)));
+        want.base.push_back(static_cast<KernelTraceEvent*>(p));
+      }
+      trace = want;
+    }
+    on_ranks(stream, {[&](const Rank& k, cudaStream_t s) {
+               COMET_CUDA_CHECK(
+                   cudaMemsetAsync(trace.base[local_index(k)], 0, trace.records() * sizeof(KernelTraceEvent), s));
+             }});
+    trace.n_comm[0] = n_comm.n_comm0;
+    trace.n_comm[1] = n_comm.n_comm1;
+  }
+  void free_trace() {
+    for (KernelTraceEvent* b : trace.base) cudaFree(b);
+    trace.base.clear();
+  }
+
   // After a failure the counters, bases and barrier generations no longer agree: zero them all
   // and wait, so that the next forward (possibly on a non-blocking stream) sees them zeroed. On
   // a multi-process fabric the other ranks' words are out of reach: the layer refuses to run.
@@ -408,6 +475,7 @@ struct MoeLayer::Impl {
       cudaSetDevice(device);
       cudaEventDestroy(e);
     }
+    free_trace();
   }
 };
 
@@ -482,6 +550,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   m.resolve_n_comm();
+  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, m.ranks[0].device));
 }
 
 void MoeLayer::set_options(const LayerOptions& o) {
@@ -494,6 +563,9 @@ void MoeLayer::set_options(const LayerOptions& o) {
   COMET_CHECK(o.timeout_s > 0, "MoeLayer: timeout must be positive, got " << o.timeout_s);
   COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
+  COMET_CHECK(!o.trace || o.fused, "MoeLayer: LayerOptions::trace records the fused kernels; set fused too");
+  COMET_CHECK(o.trace_chunk_capacity >= 0 && o.trace_chunk_capacity < (int64_t(1) << 31),
+              "MoeLayer: trace_chunk_capacity must be in [0, 2^31), got " << o.trace_chunk_capacity);
   impl_->options = o;
   impl_->resolve_n_comm();
 }
@@ -587,7 +659,47 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
   for (int i = 0; i < local; ++i)
     COMET_CHECK(in[i].x && in[i].expert_ids && in[i].weights && in[i].num_tokens && in[i].y,
                 "MoeLayer: rank " << first + i << " has a null tensor pointer");
+  // Trace buffers first: allocating them may throw, and must not once the plans advanced epochs.
+  const bool traced = m.options.fused && m.options.trace;
+  if (traced) m.prepare_trace(stream);
+  m.trace.last_forward_traced = traced;
   m.forward(in, stream);
+}
+
+Trace MoeLayer::read_trace(CUstream_st* stream) {
+  const Impl& m = *impl_;
+  COMET_CHECK(m.trace.last_forward_traced, "MoeLayer::read_trace: the last forward ran without LayerOptions::trace");
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  auto download = [](const KernelTraceEvent* from, int64_t n) {
+    std::vector<KernelTraceEvent> out(size_t(std::max<int64_t>(n, 0)));
+    if (n > 0) COMET_CUDA_CHECK(cudaMemcpy(out.data(), from, n * sizeof(KernelTraceEvent), cudaMemcpyDeviceToHost));
+    return out;
+  };
+  std::vector<KernelTraceRecords> kernels;
+  for (const Impl::Rank& rk : m.ranks) {
+    const int i = m.local_index(rk);
+    int32_t num_tiles[2];
+    unsigned counts[2];
+    COMET_CUDA_CHECK(cudaMemcpy(num_tiles, rk.plan.num_tiles, sizeof num_tiles, cudaMemcpyDeviceToHost));
+    COMET_CUDA_CHECK(cudaMemcpy(counts, m.trace.counts(i), sizeof counts, cudaMemcpyDeviceToHost));
+    for (int layer = 0; layer < 2; ++layer) {
+      KernelTraceRecords k;
+      k.rank = rk.rank;
+      k.layer = layer;
+      const int64_t tiles = std::min<int64_t>(num_tiles[layer], layer == 0 ? m.trace.tiles0 : m.trace.tiles1);
+      k.tiles = download(m.trace.tiles(i, layer), tiles);
+      if (layer == 0) k.waits = download(m.trace.waits(i), tiles);
+      k.chunk_count = counts[layer];
+      k.chunks = download(m.trace.chunks(i, layer), std::min<int64_t>(counts[layer], m.trace.chunk_capacity(layer)));
+      kernels.push_back(std::move(k));
+    }
+  }
+  KernelTraceShape shape;
+  shape.world = m.config.layout.world;
+  shape.num_blocks = m.num_sms;
+  shape.n_comm[0] = m.trace.n_comm[0];
+  shape.n_comm[1] = m.trace.n_comm[1];
+  return make_kernel_trace(shape, kernels);
 }
 
 void MoeLayer::check(CUstream_st* stream) {

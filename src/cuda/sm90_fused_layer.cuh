@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(Gemm::kThreads, 1)
 // for comm blocks (and the reverse in layer1).
 template <class Gemm, int kLayer>
 void launch_fused_layer(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, cudaStream_t stream) {
+  static_assert(Gemm::kThreads / 32 <= kTraceWarpsPerBlock, "trace buffers are sized for kTraceWarpsPerBlock");
   const Status ok = can_implement(gemm);
   COMET_CHECK(ok.ok, "fused layer" << kLayer << ": " << ok.reason);
   COMET_CHECK(comm.rows_per_token >= 1 && comm.rows_per_token <= kMaxRowsPerToken,

@@ -9,6 +9,8 @@
 //                         then the epilogue: registers -> padded shared memory -> coalesced
 //                         16-byte bf16 stores (each warpgroup its own 64 rows), and optionally
 //                         a release-add of the tile's column-block signal.
+//   With trace pointers set (core/kernel_trace.h), consumer thread 0 records each tile and the
+//   producer's elected thread each wait; null pointers cost a test per tile and nothing else.
 //
 // Measured (H200, docs/results/): storing bf16 pairs straight from the accumulator fragment
 // cost about 10 us per 128x256 tile (eight rows per warp store instruction); staging through
@@ -33,6 +35,7 @@
 
 #include "cuda/grouped_gemm.h"
 #include "cuda/signal.cuh"
+#include "cuda/trace_record.cuh"
 
 namespace comet::cuda::sm90 {
 
@@ -94,6 +97,8 @@ struct GroupedGemmKernel {
     const uint64_t* wait_targets;
     uint64_t* done_flags;
     uint64_t* tile_end_ns;
+    KernelTraceEvent* trace_tiles;
+    KernelTraceEvent* trace_waits;
     DeviceError* error;
     uint64_t timeout_ns;
     int rank, layer;
@@ -129,6 +134,8 @@ struct GroupedGemmKernel {
     p.wait_targets = args.wait_targets;
     p.done_flags = args.done_flags;
     p.tile_end_ns = args.tile_end_ns;
+    p.trace_tiles = args.trace_tiles;
+    p.trace_waits = args.trace_waits;
     p.error = args.error;
     p.timeout_ns = args.timeout_ns;
     p.rank = args.rank;
@@ -181,18 +188,22 @@ struct GroupedGemmKernel {
     TiledMma tiled_mma;
     for (int t = gemm_block; t < num_tiles; t += num_gemm_blocks) {
       const GemmTile tile = p.tiles[t];
+      // The tile's trace record opens in memory (no register kept across the mainloop).
+      if (p.trace_tiles != nullptr && mma_thread == 0) p.trace_tiles[t].begin_ns = globaltimer_ns();
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
       mainloop.mma(pipeline, read_state, accum, p.k_tiles, mma_thread, shared.tensors, p.mainloop);
       mainloop.mma_tail(pipeline, read_state, p.k_tiles);
       read_state.advance(p.k_tiles);
       store_tile(p, tile, tiled_mma, accum, mma_thread, shared.stage);
-      if (p.done_flags != nullptr || p.tile_end_ns != nullptr) {
+      if (p.done_flags != nullptr || p.tile_end_ns != nullptr || p.trace_tiles != nullptr) {
         // Every thread of the tile has stored; one publishes (release) for the whole tile.
         cutlass::arch::NamedBarrier::sync(kMmaThreads, 1);
         if (mma_thread == 0) {
           __threadfence();
           if (p.done_flags != nullptr) red_release_gpu(p.done_flags + tile.n_block, 1);
           if (p.tile_end_ns != nullptr) p.tile_end_ns[t] = globaltimer_ns();
+          if (p.trace_tiles != nullptr)
+            close_trace_event(p.trace_tiles + t, globaltimer_ns(), t, 1, TraceKind::kGemmTile, p.layer, p.rank);
         }
       }
     }
@@ -217,8 +228,12 @@ struct GroupedGemmKernel {
       const GemmTile tile = p.tiles[t];
       if (leader && p.wait_flags != nullptr) {
         const WaitSite site{p.rank, p.layer, WaitRole::kGemmTileInput, tile.signal};
+        const uint64_t wait_begin = p.trace_waits != nullptr ? globaltimer_ns() : 0;
         wait_at_least(p.wait_flags + tile.signal, p.wait_targets[tile.signal], p.timeout_ns, p.error, site);
         fence_proxy_async_global();  // rows written by generic stores, read by TMA below
+        if (p.trace_waits != nullptr)
+          store_trace_event(p.trace_waits + t, wait_begin, globaltimer_ns(), tile.signal, 1, TraceKind::kWait, p.layer,
+                            p.rank);
       }
       __syncwarp();
       Tensor tAgA = tma_a.partition_S(gA(_, _, tile.m_row / kTileM, _, 0));      // (TMA,TMA_M,TMA_K,k)

@@ -119,7 +119,7 @@ class Recorder {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - ctx_.origin).count();
   }
   void add(TraceKind kind, int id, int64_t begin, int64_t end) {
-    if (ctx_.trace) local_.push_back({rank_, layer_, lane_, kind, id, begin, end});
+    if (ctx_.trace) local_.push_back(make_trace_event(rank_, layer_, lane_, kind, id, begin, end));
   }
 
  private:
@@ -324,7 +324,11 @@ std::vector<std::vector<float>> TypedImpl<T>::forward(const std::vector<std::vec
     std::rethrow_exception(error);
   }
   stats = {ctx.rows_landed.load(), ctx.tiles_waited.load(), ctx.partial_rows_sent.load()};
-  trace = Trace{"", W, options_.comm_workers, options_.compute_workers, std::move(ctx.events)};
+  trace = Trace{};
+  trace.world = W;
+  trace.comm_lanes = options_.comm_workers;
+  trace.compute_lanes = options_.compute_workers;
+  trace.events = std::move(ctx.events);
   std::sort(trace.events.begin(), trace.events.end(), [](const TraceEvent& a, const TraceEvent& b) {
     return std::tie(a.rank, a.layer, a.lane, a.begin_ns) < std::tie(b.rank, b.layer, b.lane, b.begin_ns);
   });

@@ -1,6 +1,6 @@
 // ref/trace_test.cpp: the CPU backend's timeline (RefOptions::trace) and its writers: one
 // event per GEMM tile and communication chunk, valid times and lanes, nothing when off; the
-// Chrome trace is JSON with every event, the SVG draws every event.
+// Chrome trace is JSON with every event, the SVG draws, merges or culls every event.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -69,14 +69,18 @@ TEST(Trace, OneEventPerTileAndChunkWithValidTimesAndLanes) {
 
   // Writers: every event in the JSON, every event drawn in the SVG.
   const nlohmann::json j = nlohmann::json::parse(io::chrome_trace_json(t));
-  int64_t complete = 0;
-  for (const auto& ev : j["traceEvents"]) complete += ev["ph"] == "X";
+  int64_t complete = 0, layer_markers = 0;
+  for (const auto& ev : j["traceEvents"])
+    if (ev["ph"] == "X") (ev["cat"] == "layer" ? layer_markers : complete) += 1;
   EXPECT_EQ(complete, int64_t(t.events.size()));
-  const std::string svg = io::timeline_svg(t);
+  EXPECT_EQ(layer_markers, 4 * 3);  // layer0, layer1 and the owner reduce of each rank
+  io::TimelineStats stats;
+  const std::string svg = io::timeline_svg(t, {}, &stats);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   size_t rects = 0;
   for (size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1)) ++rects;
-  EXPECT_EQ(rects, t.events.size() + 1 + 4 + 4);  // + background, legend, one lane box per rank
+  EXPECT_EQ(int64_t(rects), stats.bars + 1 + 4 + 4);  // + background, legend, one lane box per rank
+  EXPECT_EQ(stats.bars + stats.merged + stats.culled, int64_t(t.events.size()));  // every event accounted for
 
   // No trace: no events.
   o.trace = false;
@@ -86,7 +90,11 @@ TEST(Trace, OneEventPerTileAndChunkWithValidTimesAndLanes) {
 }
 
 TEST(Trace, WriteTraceFilesWritesJsonAndSvg) {
-  Trace t{"t", 1, 1, 1, {{0, 0, 0, TraceKind::kCommChunk, 0, 0, 10}, {0, 0, 1, TraceKind::kGemmTile, 0, 5, 20}}};
+  Trace t;
+  t.title = "t";
+  t.world = t.comm_lanes = t.compute_lanes = 1;
+  t.events = {make_trace_event(0, 0, 0, TraceKind::kCommChunk, 0, 0, 10),
+              make_trace_event(0, 0, 1, TraceKind::kGemmTile, 0, 5, 20)};
   const std::string base = ::testing::TempDir() + "comet_trace_test";
   io::write_trace_files(t, base + ".json");
   std::ifstream json(base + ".json"), svg(base + ".svg");
