@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "comet/config.h"
+#include "comet/link_emulation.h"
 #include "comet/problem.h"
 #include "comet/tuning.h"
 
@@ -47,6 +48,10 @@ struct LayerOptions {
   int layer0_group_m = 0;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
+  // Paces the dispatch and combine copies between ranks (fused and unfused alike, run_part's
+  // kCommunication too) to an emulated link per rank and direction (docs/link_emulation.md).
+  // Results are bitwise the same; only the timing changes. Off by default.
+  LinkEmulation link;
 };
 
 struct RankTensors {

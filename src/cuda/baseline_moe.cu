@@ -130,7 +130,12 @@ void check_options(const BaselineOptions& o) {
               "BaselineMoe: chunks must be within [1, " << kBaselineMaxChunks << "], got " << o.chunks);
   COMET_CHECK(o.gemm == BaselineGemm::kPerExpertLoop || o.gemm == BaselineGemm::kGroupedBatched,
               "BaselineMoe: unknown GEMM variant " << int(o.gemm));
+  const Status link = o.link.validate();
+  COMET_CHECK(link.ok, "BaselineMoe: " << link.reason);
 }
+
+// Longest single pacing wait of an all-to-all (cuda/link_pace.h); the baselines have no timeout.
+constexpr uint64_t kMaxPaceWaitNs = 5'000'000'000ull;
 
 }  // namespace
 
@@ -146,7 +151,7 @@ std::string BaselineOptions::describe() const {
   std::string s = chunks == 1 && !pipelined ? "sequential"
                                             : "chunked C=" + std::to_string(chunks) +
                                                   (pipelined ? " (pipelined)" : " (one stream)");
-  return s + ", " + baseline_gemm_name(gemm);
+  return s + ", " + baseline_gemm_name(gemm) + (link.on() ? ", " + link.describe() : "");
 }
 
 BaselineOptions sequential_baseline(BaselineGemm gemm) { return BaselineOptions{1, false, gemm}; }
@@ -164,6 +169,7 @@ struct BaselineMoe::Impl {
   bool have_weights = false;
   std::unique_ptr<cuda::CublasExperts> cublas = std::make_unique<cuda::CublasExperts>();
 
+  cuda::LinkPacer* pacer = nullptr;  // every all-to-all's, one launch at a time (zeroed by each)
   char* staging = nullptr;    // pinned, staging_layout.total
   char* upload = nullptr;     // device copy of staging
   int32_t* host_rows = nullptr;  // pinned [W][L]
@@ -193,6 +199,7 @@ struct BaselineMoe::Impl {
     for (void* p : w0) if (p) cudaFree(p);
     for (void* p : w1) if (p) cudaFree(p);
     if (upload) cudaFree(upload);
+    if (pacer) cudaFree(pacer);
     if (gather_segments) cudaFree(gather_segments);
     if (staging) cudaFreeHost(staging);
     if (host_rows) cudaFreeHost(host_rows);
@@ -208,6 +215,11 @@ struct BaselineMoe::Impl {
   T* at(int r, int64_t offset) const { return reinterpret_cast<T*>(at(r, offset)); }
   int64_t row_bytes() const { return int64_t(config.model.hidden) * 2; }
   int64_t meta_bytes() const { return int64_t(dims.meta_per_token) * sizeof(BaselineMeta); }
+  // An all-to-all moves every rank's bytes in one launch: on one GPU it stands for W ranks'
+  // turns, so its pacing adds W latencies (docs/link_emulation.md).
+  cuda::LinkPace link_pace() const {
+    return cuda::make_link_pace(options.link, pacer, config.layout.world, kMaxPaceWaitNs);
+  }
 
   void apply_options(const BaselineOptions& o) {
     check_options(o);
@@ -246,7 +258,7 @@ struct BaselineMoe::Impl {
                               at<int32_t>(r, heap.group_rank), at<int32_t>(r, heap.block_base), stream);
       cuda::launch_route_prefix(dims, row, at<int32_t>(r, heap.block_base), at<int32_t>(r, heap.chunk_prefix), stream);
     }
-    gather.run(options.chunks - 1, stream);
+    gather.run(options.chunks - 1, stream, link_pace());
     // Every rank now holds every row; one rank's table is what one process would read.
     COMET_CUDA_CHECK(cudaMemcpyAsync(host_rows, at(0, heap.count_table), size_t(W) * dims.count_row_len * 4,
                                      cudaMemcpyDeviceToHost, stream));
@@ -360,8 +372,8 @@ struct BaselineMoe::Impl {
   }
 
   // Step 5, one piece each.
-  void dispatch(int c, cudaStream_t stream) const { a2a.run(dispatch_id[c], stream); }
-  void combine(int c, cudaStream_t stream) const { a2a.run(combine_id[c], stream); }
+  void dispatch(int c, cudaStream_t stream) const { a2a.run(dispatch_id[c], stream, link_pace()); }
+  void combine(int c, cudaStream_t stream) const { a2a.run(combine_id[c], stream, link_pace()); }
 
   void gemm(int which, int d, int c, cudaStream_t stream) {
     const size_t i = size_t(d) * layout.chunks() + c;
@@ -461,7 +473,8 @@ int64_t BaselineMoe::device_bytes(const LayerConfig& config) {
   const int64_t weights = int64_t(c.experts_per_rank()) * (cuda::gemm0_weight_rows(c) + Fl) * H * 2;
   const int64_t cublas_workspace = int64_t(64) << 20;
   const int64_t count_exchanges = kBaselineMaxChunks * W * W * int64_t(sizeof(cuda::CopySegment));
-  return W * (HeapLayout(c).total + weights) + StagingLayout(c).total + cublas_workspace + count_exchanges;
+  return W * (HeapLayout(c).total + weights) + StagingLayout(c).total + cublas_workspace + count_exchanges +
+         int64_t(sizeof(cuda::LinkPacer));
 }
 
 BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, const BaselineOptions& options) {
@@ -493,6 +506,8 @@ BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, cons
   m.w1.assign(W, nullptr);
   COMET_CUDA_CHECK(cudaMallocHost(&m.staging, m.staging_layout.total));
   COMET_CUDA_CHECK(cudaMalloc(&m.upload, m.staging_layout.total));
+  COMET_CUDA_CHECK(cudaMalloc(&m.pacer, sizeof(cuda::LinkPacer)));
+  COMET_CUDA_CHECK(cudaMemset(m.pacer, 0, sizeof(cuda::LinkPacer)));
   COMET_CUDA_CHECK(cudaMallocHost(&m.host_rows, size_t(W) * core::baseline_count_row_len(c, kBaselineMaxChunks) * 4));
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm, cudaStreamNonBlocking));
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&m.compute, cudaStreamNonBlocking));

@@ -20,6 +20,7 @@
 
 #include "cuda/device_plan.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/link_pace.h"
 
 struct CUstream_st;
 
@@ -46,6 +47,11 @@ struct FusedCommArgs {
   // layer1 work counter, zeroed by this call's plan kernel: comm warps and, once their tiles are
   // done, GEMM warps claim combine items from it. Null: a static split over the comm warps.
   unsigned* combine_claims = nullptr;
+  // Link emulation (cuda/link_pace.h): this phase's pacer (dispatch: the rank's incoming link,
+  // combine: its outgoing one; off by default), and the other phase's pacer, which this kernel
+  // zeroes for the rank's next phase (docs/link_emulation.md).
+  LinkPace link{};
+  LinkPacer* link_reset = nullptr;
 };
 
 // Launch one layer cooperatively on num_SMs blocks (asynchronous on `stream`). `gemm` carries

@@ -89,7 +89,8 @@ struct MoeLayer::Impl {
     const int32_t** id_table = nullptr;
     const float** weight_table = nullptr;
     // Epoch bookkeeping of the fused kernels, one allocation: tile base/target [MT] each,
-    // column base/target [NB1] each (cuda/device_plan.h), then the combine work counter.
+    // column base/target [NB1] each (cuda/device_plan.h), the combine work counter, then the
+    // link pacers of dispatch and combine (cuda/link_pace.h).
     uint64_t* epochs = nullptr;
   };
   std::vector<Rank> ranks;
@@ -106,6 +107,7 @@ struct MoeLayer::Impl {
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank);
     GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
     gpu.num_sms = info.num_sms;
+    if (options.link.on()) gpu.link_gbps = options.link.gbps;  // the link the copies are paced to
     const LayerCost cost = expected_layer_cost(config, config.max_tokens_per_rank, gpu);
     n_comm = choose_n_comm(&tuning, key, config, cost, gpu);
     if (n_comm.n_comm0 >= info.num_sms || n_comm.n_comm1 >= info.num_sms) {  // a table for another GPU size
@@ -119,10 +121,16 @@ struct MoeLayer::Impl {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
     return options.fused ? kFusedLayer0GroupM : cuda::kRasterGroupM;
   }
-  // Tile base/target [MT] each, column base/target [NB1] each, then the combine work counter.
-  int64_t epoch_words() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1 + 1; }
-  unsigned* combine_claims(int r) const {
-    return reinterpret_cast<unsigned*>(ranks[r].epochs + epoch_words() - 1);
+  // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
+  // word), then one LinkPacer per layer: layer0's paces the rank's dispatch pulls (its incoming
+  // link), layer1's its combine pushes (its outgoing link). Each phase's kernels zero the other
+  // phase's pacer, so every phase starts from a zero pacer without a memset (the plan kernel
+  // need not run: run_part(kCommunication) is paced too); reset_epochs zeroes both.
+  int64_t claims_word() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1; }
+  int64_t epoch_words() const { return claims_word() + 1 + 2 * cuda::kLinkPacerWords; }
+  unsigned* combine_claims(int r) const { return reinterpret_cast<unsigned*>(ranks[r].epochs + claims_word()); }
+  cuda::LinkPacer* link_pacer(int r, int layer) const {
+    return reinterpret_cast<cuda::LinkPacer*>(ranks[r].epochs + claims_word() + 1) + layer;
   }
   // GEMM arguments of rank r for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1).
   cuda::GroupedGemmArgs gemm_args(int r, int layer) const {
@@ -222,6 +230,8 @@ struct MoeLayer::Impl {
     f.stall = options.stall_rank == r;
     f.timeout_ns = uint64_t(options.timeout_s * 1e9);
     f.error = ranks[r].error;
+    f.link = cuda::make_link_pace(options.link, link_pacer(r, layer), 1, f.timeout_ns);
+    f.link_reset = link_pacer(r, 1 - layer);
     if (signals == Signals::kOn) {
       const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
       if (layer == 0) f.tile_arrivals = reinterpret_cast<uint64_t*>(region(r, "tile_arrivals"));
@@ -339,6 +349,8 @@ void MoeLayer::set_options(const LayerOptions& o) {
   COMET_CHECK(o.timeout_s > 0, "MoeLayer: timeout must be positive, got " << o.timeout_s);
   COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
+  const Status link = o.link.validate();
+  COMET_CHECK(link.ok, "MoeLayer: " << link.reason);
   impl_->options = o;
   impl_->resolve_n_comm();
 }
