@@ -51,6 +51,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   l->add_option("--chunks", lo.chunks, "chunk counts of the chunked baseline, comma separated (the fastest is reported)")
       ->delimiter(',')
       ->check(CLI::Range(1, 32));
+  l->add_option("--emulate-link", lo.emulate_link,
+                "GBPS[,LATENCY_US]: pace every inter-rank copy (Comet's and the baselines') to this link per rank "
+                "and direction, e.g. 450,2 (docs/link_emulation.md)");
   l->add_flag("--no-baselines", lo.no_baselines, "leave out the sequential and chunked baselines");
   l->add_flag("--json", lo.json, "JSON instead of the table");
   *layer = l;
@@ -79,7 +82,17 @@ void check_bench_inputs(const std::vector<std::string>& models, const std::vecto
 #endif
 }
 
+LinkEmulation parse_emulate_link_option(const std::string& value) {
+  if (value.empty()) return {};
+  try {
+    return parse_link_emulation(value);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--emulate-link: ") + e.what());
+  }
+}
+
 int bench_layer_command(const BenchLayerOptions& o) {
+  [[maybe_unused]] const LinkEmulation link = parse_emulate_link_option(o.emulate_link);
   check_bench_inputs(o.models, o.tokens, "comet bench");
 #ifdef COMET_HAVE_CUDA
   bench::LayerBenchOptions lo;
@@ -96,13 +109,14 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.seed = o.seed;
   lo.baselines = !o.no_baselines;
   lo.chunks = o.chunks;
+  lo.link = link;
   const cuda::DeviceInfo info = cuda::query_device_info();
   std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP "
             << o.ep << " x TP " << o.tp << " virtual ranks (loopback fabric), full-size presets, uniform routing, "
             << "median of " << o.iters << " interleaved runs"
-            << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "\n";
-  const auto rows = bench::run_layer_bench(lo, [](int done, int total, const std::string& what) {
-    std::cerr << "[" << done << "/" << total << "] " << what << "\n";
+            << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "; " << link.describe() << "\n";
+  const auto rows = bench::run_layer_bench(lo, [&link](int done, int total, const std::string& what) {
+    std::cerr << "[" << done << "/" << total << "] " << what << (link.on() ? "; " + link.describe() : "") << "\n";
   });
   if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
   else bench::print_layer_table(rows, std::cout);

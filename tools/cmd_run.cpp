@@ -56,6 +56,7 @@ struct RunResult {
   std::string gpu;
   std::string backend = "cpu";  // what ran: "cpu" or "cuda"
   std::string device;           // the GPU that ran it (cuda)
+  LinkEmulation link;           // cuda: what paced the inter-rank copies
   int64_t saved_tensors = 0;
   int64_t trace_events = 0;
   int64_t saved_bytes = 0;
@@ -133,8 +134,8 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   os << "comet run: " << config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed)
      << "\n";
   if (r.backend == "cuda") {
-    os << strf("backend: cuda (%d virtual ranks on one %s, loopback fabric, unfused pipeline)\n",
-               c.layout.world, r.device.c_str());
+    os << strf("backend: cuda (%d virtual ranks on one %s, loopback fabric, unfused pipeline, %s)\n",
+               c.layout.world, r.device.c_str(), r.link.describe().c_str());
   } else {
     os << strf("backend: cpu (%d ranks as threads, %d comm + %d compute workers each, wait "
                "timeout %d ms)\n",
@@ -208,6 +209,7 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   j["config"] = config_json(r.full.config, r.full.tokens_per_rank, r.full.routing, r.full.seed);
   j["backend"] = r.backend;
   if (r.backend == "cuda") j["device"] = r.device;
+  if (r.backend == "cuda") j["link"] = r.link.describe();
   j["cpu_scale"] = {{"shape_factor", r.scale.shape_factor},
                     {"token_factor", r.scale.token_factor},
                     {"budget_gflop", o.cpu_budget_gflop}};  // 0: the library's default
@@ -274,6 +276,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   cmd->add_option("--timeout-ms", o.timeout_ms, "timeout of every signal wait")
       ->capture_default_str()
       ->group("Backend");
+  cmd->add_option("--emulate-link", o.emulate_link,
+                  "cuda: GBPS[,LATENCY_US], pace every inter-rank copy to this link (docs/link_emulation.md)")
+      ->group("Backend");
   cmd->add_option("--cpu-budget-gflop", o.cpu_budget_gflop,
                   "cpu: scale the workload down until one forward is at most this much work "
                   "(default: the library's budget)")
@@ -312,6 +317,7 @@ int run_command(const RunOptions& o) {
     throw UsageError("--chunk-tokens must be positive, not " + std::to_string(o.chunk_tokens));
   if (o.timeout_ms < 1)
     throw UsageError("--timeout-ms must be positive, not " + std::to_string(o.timeout_ms));
+  r.link = parse_emulate_link_option(o.emulate_link);
   if (!(o.cpu_budget_gflop >= 0))
     throw UsageError("--cpu-budget-gflop must be positive (0: the default budget)");
   {
@@ -397,6 +403,9 @@ int run_command(const RunOptions& o) {
                      " weights even scaled down " + std::to_string(factor) + "x, more than the " +
                      std::to_string(int64_t(kMaxWeightValues)) + " the oracle run allows");
 
+  if (r.link.on() && r.backend != "cuda")
+    throw UsageError("--emulate-link paces the CUDA backend's copies; this run uses the cpu backend (--backend cuda)");
+
   // The problem, the forward pass and the oracle.
   MoeProblem problem = make_problem(r.config, r.tokens_per_rank, r.full.routing, r.full.seed);
   ref::RefOptions ro;
@@ -408,7 +417,7 @@ int run_command(const RunOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
 #ifdef COMET_HAVE_CUDA
   if (r.backend == "cuda") {
-    GpuRun g = run_on_gpu(r.config, problem);  // MoeLayer takes its own tile shapes
+    GpuRun g = run_on_gpu(r.config, problem, r.link);  // MoeLayer takes its own tile shapes
     r.y = std::move(g.y);
     r.forward_us = g.forward_us;
     r.device = g.device;

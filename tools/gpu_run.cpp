@@ -18,7 +18,7 @@ bool gpu_available(std::string* why) {
   return false;
 }
 
-GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p) {
+GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const LinkEmulation& link) {
   const Status ok = MoeLayer::can_implement(config);
   COMET_CHECK(ok.ok, "the CUDA backend cannot run this workload: " << ok.reason);
   const int W = config.layout.world;
@@ -27,6 +27,9 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p) {
   auto fabric = fabric::make_loopback_fabric(W);
   MoeLayer layer(config, *fabric);
   layer.set_weights(p.weights);
+  LayerOptions options;
+  options.link = link;
+  layer.set_options(options);
   const cuda::DeviceProblem tensors(config, p);
   cudaEvent_t start, stop;
   COMET_CUDA_CHECK(cudaEventCreate(&start));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comet/config.h"
+#include "comet/link_emulation.h"
 #include "comet/problem.h"
 
 namespace comet::tools {
@@ -19,6 +20,7 @@ struct GpuRun {
 // True when a GPU is visible; otherwise `why` says what the runtime reported.
 bool gpu_available(std::string* why);
 // Throws comet::Error (MoeLayer::can_implement's reason, or a device error) on failure.
-GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& problem);
+// `link` paces the inter-rank copies (comet/link_emulation.h; off by default).
+GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& problem, const LinkEmulation& link = {});
 
 }  // namespace comet::tools
