@@ -10,6 +10,7 @@
 #include "bench/layer_bench.h"
 #include "bench/timing.h"
 #include "comet/baseline.h"
+#include "comet/cost_model.h"
 #include "comet/dtype.h"
 #include "comet/layer.h"
 #include "comet/routing.h"
@@ -40,6 +41,7 @@ std::vector<double> time_variants(const LayerBenchOptions& o, const std::vector<
 struct Inputs {
   std::vector<void*> owned;
   std::vector<RankTensors> tensors;
+  std::vector<Routing> routing;  // host copy of every rank's (local or not), for the bytes and the bound
   ~Inputs() {
     for (void* p : owned) cudaFree(p);
   }
@@ -56,9 +58,11 @@ std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, const fabric::Fabric& 
   const int H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
   int device = 0;
   COMET_CUDA_CHECK(cudaGetDevice(&device));
-  for (int r = f.first_local_rank(); r < f.first_local_rank() + f.num_local_ranks(); ++r) {
-    COMET_CUDA_CHECK(cudaSetDevice(f.device_of(r)));
+  for (int r = 0; r < c.layout.world; ++r) {
     const Routing rt = generate_routing(RoutingSpec{}, tokens, c.model.routed_experts(), K, seed, r);
+    in->routing.push_back(rt);
+    if (!f.is_local(r)) continue;
+    COMET_CUDA_CHECK(cudaSetDevice(f.device_of(r)));
     RankTensors t;
     void* x = in->alloc(size_t(Tm) * H * 2);
     cuda::fill_uniform_bf16(x, size_t(Tm) * H, seed * 1000 + r, 1.f);
@@ -100,6 +104,25 @@ ref::Comparison compare_bf16(const std::vector<uint16_t>& got, const std::vector
   return ref::compare_outputs(g, w);
 }
 
+BaselineOptions with_link(BaselineOptions options, const LinkEmulation& link) {
+  options.link = link;
+  return options;
+}
+
+// The cost model's rates for this GPU (H200's when the name matches none), the link rate
+// replaced by the emulated one when on; the name says which.
+GpuSpec bound_spec(const LinkEmulation& link) {
+  const std::string device = cuda::query_device_info().name;
+  const GpuSpec* known = find_gpu_spec(device);
+  GpuSpec gpu = known ? *known : gpu_spec("H200");
+  if (!known) gpu.name += " rates (device " + device + ")";
+  if (link.on()) {
+    gpu.link_gbps = link.gbps;
+    gpu.name += ", emulated link";
+  }
+  return gpu;
+}
+
 // The baselines of one workload on their own fabric, with MoeLayer's weights (same seed).
 struct Baselines {
   std::unique_ptr<fabric::Fabric> fabric;
@@ -129,7 +152,7 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
   b.layer->set_random_weights(o.seed);
   row.baselines_match = true;
   auto check = [&](const BaselineOptions& options) {
-    b.layer->set_options(options);
+    b.layer->set_options(with_link(options, o.link));
     b.layer->forward(in.tensors, stream);
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
     const ref::Comparison cmp = compare_bf16(download_all_y(c, in, tokens), want);
@@ -142,8 +165,8 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
   row.baseline_remote_bytes = traffic.dispatch_remote_bytes + traffic.combine_remote_bytes;
   std::vector<Variant> gemms;
   for (BaselineGemm gemm : kinds)
-    gemms.push_back({baseline_gemm_name(gemm), [&b, &in, gemm](cudaStream_t st) {
-                       b.layer->set_options(sequential_baseline(gemm));
+    gemms.push_back({baseline_gemm_name(gemm), [&b, &in, &o, gemm](cudaStream_t st) {
+                       b.layer->set_options(with_link(sequential_baseline(gemm), o.link));
                        b.layer->forward(in.tensors, st);
                      }});
   const std::vector<double> us = time_variants(o, gemms, stream, std::max(3, o.iters / 4), o.warmup_ms / 4);
@@ -214,8 +237,14 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       layer.set_random_weights(o.seed);
       layer.set_tuning_table(o.tuning);
       const std::unique_ptr<Inputs> in = make_inputs(c, *fabric, tokens, o.seed);
+      // Bytes between ranks and the lower bound, from the same routing on the host.
+      const DispatchPlan plan(c, in->routing);
+      const double remote_bytes = total_link_bytes(c, plan);
+      const GpuSpec gpu = bound_spec(o.link);
+      const LayerCost cost = layer_cost(c, plan, gpu);
       // The unfused output once per workload: every fused variant must equal it bitwise.
-      const LayerOptions unfused;
+      LayerOptions unfused;
+      unfused.link = o.link;
       layer.set_options(unfused);
       layer.forward(in->tensors, stream);
       layer.check(stream);
@@ -231,6 +260,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           for (int group : o.layer0_group_m) {
             if (progress) progress(done, total, name + " T=" + std::to_string(tokens));
             LayerOptions fused;
+            fused.link = o.link;
             fused.fused = true;
             fused.n_comm0 = n0;
             fused.n_comm1 = n1;
@@ -261,12 +291,12 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
             };
             if (base.layer) {
               variants.push_back({"sequential", [&](cudaStream_t st) {
-                                    base.layer->set_options(sequential_baseline(base.gemm));
+                                    base.layer->set_options(with_link(sequential_baseline(base.gemm), o.link));
                                     base.layer->forward(in->tensors, st);
                                   }});
               for (int chunks : o.chunks)
                 variants.push_back({"chunked", [&, chunks](cudaStream_t st) {
-                                      base.layer->set_options(chunked_baseline(chunks, base.gemm));
+                                      base.layer->set_options(with_link(chunked_baseline(chunks, base.gemm), o.link));
                                       base.layer->forward(in->tensors, st);
                                     }});
             }
@@ -288,6 +318,13 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
             if (!o.trace_path.empty()) trace_row(layer, fused, *in, c, o, total > 1, want, row, stream);
             // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
             row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
+            row.link = o.link;
+            row.remote_bytes = remote_bytes;
+            row.ranks_take_turns = o.fabric == "loopback";
+            row.lower_bound_us = row.ranks_take_turns ? cost.serial_lower_bound_us : cost.lower_bound_us;
+            row.bound_by = cost.bound_by;
+            row.bound_gpu = gpu.name;
+            row.bound_link_gbps = gpu.link_gbps;
             rows.push_back(row);
             ++done;
           }

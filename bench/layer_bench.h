@@ -8,6 +8,8 @@
 // MoeLayer's weights and the same inputs: sequential (Megatron-style) and chunk-pipelined
 // (FasterMoE/Tutel-style, the fastest of `chunks`), each verified against the unfused output
 // first; the cuBLAS variant (per-expert loop or grouped) is the faster of a short timing.
+// With `link` on, every inter-rank copy of Comet and the baselines is paced to that emulated
+// link (docs/link_emulation.md), so the ratios approximate a node of real GPUs.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "comet/link_emulation.h"
 #include "comet/tuning.h"
 
 namespace comet::bench {
@@ -43,6 +46,7 @@ struct LayerBenchOptions {
   // `trace_ranks` (empty: every rank); the JSON holds every rank.
   std::string trace_path;
   std::vector<int> trace_ranks{0};
+  LinkEmulation link;                          // off: inter-rank copies are local copies
 };
 
 struct LayerBenchRow {
@@ -58,6 +62,21 @@ struct LayerBenchRow {
   bool fused_equals_unfused = false;  // bitwise, all ranks' outputs
   double fused_over_compute() const { return fused_us / compute_us; }
   double fused_tflops() const { return flop / fused_us * 1e-6; }
+
+  // Communication and bounds (core/bench_metrics.h). On the loopback fabric the W ranks take
+  // turns on one GPU; on the others they run in parallel, one GPU each.
+  bool ranks_take_turns = true;
+  LinkEmulation link;       // what paced the copies (off: local copies)
+  double remote_bytes = 0;  // Comet's dispatch + combine rows between different ranks, all ranks
+  // The cost model's bound (ranks taking turns: LayerCost::serial_lower_bound_us, else lower_bound_us)
+  // for this GPU's rates, the emulated link rate when on; bound_gpu names the rates used.
+  double lower_bound_us = 0;
+  std::string bound_by, bound_gpu;
+  double bound_link_gbps = 0;
+  double hidden_fraction() const;
+  double comm_link_gbps() const;   // per link direction over the comm-only time
+  double fused_link_gbps() const;  // per link direction over the fused forward
+  double fused_over_bound() const;
 
   // Baselines; sequential_us == 0 when they did not run (baseline_note says why).
   std::string baseline_gemm;              // the faster cuBLAS variant, used by both

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/layer_bench.h"
+#include "core/bench_metrics.h"
 
 namespace comet::bench {
 
@@ -17,39 +18,75 @@ std::string fixed(double v, int precision, const char* suffix = "") {
 }
 }  // namespace
 
+double LayerBenchRow::hidden_fraction() const { return core::hidden_fraction(fused_us, compute_us, comm_us); }
+double LayerBenchRow::comm_link_gbps() const { return core::link_gbps_per_direction(remote_bytes, world, comm_us, ranks_take_turns); }
+double LayerBenchRow::fused_link_gbps() const {
+  return core::link_gbps_per_direction(remote_bytes, world, fused_us, ranks_take_turns);
+}
+double LayerBenchRow::fused_over_bound() const { return core::bound_ratio(fused_us, lower_bound_us); }
+
 void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os) {
-  os << std::left << std::setw(16) << "model" << std::right << std::setw(6) << "T" << std::setw(10) << "W(EPxTP)"
-     << std::setw(9) << "n_comm" << std::setw(5) << "gm0" << std::setw(11) << "fused us" << std::setw(12) << "unfused us" << std::setw(12)
-     << "compute us" << std::setw(10) << "comm us" << std::setw(9) << "plan us" << std::setw(10) << "fused/cmp" << std::setw(9) << "TFLOP/s"
-     << std::setw(10) << "seq us" << std::setw(15) << "chunked us(C)" << std::setw(8) << "vs seq" << std::setw(10)
-     << "vs chunk" << "  fused==unfused  baselines ok\n";
-  for (const auto& r : rows) {
+  const auto workload = [&os](const LayerBenchRow& r) {
     const std::string layout = std::to_string(r.world) + "(" + std::to_string(r.ep) + "x" + std::to_string(r.tp) + ")";
     const std::string n_comm = std::to_string(r.n_comm0) + "/" + std::to_string(r.n_comm1);
-    const bool chunked = r.baselines_run() && r.chunked_chunks > 0;
     os << std::left << std::setw(16) << r.model << std::right << std::setw(6) << r.tokens << std::setw(10) << layout
-       << std::setw(9) << n_comm << std::setw(5) << (r.layer0_group_m > 0 ? std::to_string(r.layer0_group_m) : "auto")
-       << std::setw(11) << fixed(r.fused_us, 1) << std::setw(12) << fixed(r.unfused_us, 1)
+       << std::setw(9) << n_comm << std::setw(5) << (r.layer0_group_m > 0 ? std::to_string(r.layer0_group_m) : "auto");
+  };
+  const auto workload_header = [&os] {
+    os << std::left << std::setw(16) << "model" << std::right << std::setw(6) << "T" << std::setw(10) << "W(EPxTP)"
+       << std::setw(9) << "n_comm" << std::setw(5) << "gm0";
+  };
+  // Times.
+  workload_header();
+  os << std::setw(11) << "fused us" << std::setw(12) << "unfused us" << std::setw(12) << "compute us" << std::setw(10)
+     << "comm us" << std::setw(9) << "plan us" << std::setw(10) << "fused/cmp" << std::setw(9) << "TFLOP/s" << std::setw(10)
+     << "seq us" << std::setw(15) << "chunked us(C)" << std::setw(8) << "vs seq" << std::setw(10) << "vs chunk"
+     << "  fused==unfused  baselines ok  link\n";
+  for (const auto& r : rows) {
+    const bool chunked = r.baselines_run() && r.chunked_chunks > 0;
+    workload(r);
+    os << std::setw(11) << fixed(r.fused_us, 1) << std::setw(12) << fixed(r.unfused_us, 1)
        << std::setw(12) << fixed(r.compute_us, 1) << std::setw(10) << fixed(r.comm_us, 1) << std::setw(9) << fixed(r.plan_us, 1) << std::setw(10)
        << fixed(r.fused_over_compute(), 3) << std::setw(9) << fixed(r.fused_tflops(), 0) << std::setw(10)
        << (r.baselines_run() ? fixed(r.sequential_us, 1) : "-") << std::setw(15)
        << (chunked ? fixed(r.chunked_us, 1) + "(" + std::to_string(r.chunked_chunks) + ")" : "-") << std::setw(8)
        << (r.baselines_run() ? fixed(r.speedup_over_sequential(), 2, "x") : "-") << std::setw(10)
        << (chunked ? fixed(r.speedup_over_chunked(), 2, "x") : "-") << "  " << std::left << std::setw(16)
-       << (r.fused_equals_unfused ? "yes" : "NO") << (r.baselines_run() ? (r.baselines_match ? "yes" : "NO") : "-")
-       << std::right << "\n";
+       << (r.fused_equals_unfused ? "yes" : "NO") << std::setw(14)
+       << (r.baselines_run() ? (r.baselines_match ? "yes" : "NO") : "-") << r.link.short_name() << std::right << "\n";
   }
   if (rows.empty()) return;
-  os << "n_comm: " << rows.front().n_comm_source << "\n";
-  os << "fabric: " << rows.front().fabric << " (times of rank " << rows.front().rank << "'s stream)\n";
+  // Communication and bounds (docs/cli.md defines each column).
+  os << "\n";
+  workload_header();
+  os << std::setw(11) << "remote MB" << std::setw(11) << "comm GB/s" << std::setw(10) << "fwd GB/s" << std::setw(8)
+     << "hidden" << std::setw(10) << "bound us" << std::setw(10) << "bound by" << std::setw(9) << "x bound" << std::setw(9)
+     << "base MB" << "  link\n";
+  for (const auto& r : rows) {
+    workload(r);
+    os << std::setw(11) << fixed(r.remote_bytes / 1e6, 1) << std::setw(11) << fixed(r.comm_link_gbps(), 0)
+       << std::setw(10) << fixed(r.fused_link_gbps(), 0) << std::setw(8) << fixed(100 * r.hidden_fraction(), 1, "%")
+       << std::setw(10) << fixed(r.lower_bound_us, 1) << std::setw(10) << r.bound_by << std::setw(9)
+       << fixed(r.fused_over_bound(), 2, "x") << std::setw(9)
+       << (r.baselines_run() ? fixed(r.baseline_remote_bytes / 1e6, 1) : "-") << "  " << r.link.short_name() << "\n";
+  }
+  // Notes, each naming the link.
+  const LayerBenchRow& first = rows.front();
+  const std::string link = first.link.describe();
+  os << "n_comm: " << first.n_comm_source << "; " << link << "\n";
+  os << "fabric: " << first.fabric << " (times of rank " << first.rank << "'s stream)\n";
+  os << "lower bound: cost model with the W ranks " << (first.ranks_take_turns ? "one after another, " : "in parallel, ")
+     << first.bound_gpu << " (link "
+     << fixed(first.bound_link_gbps, 0) << " GB/s per direction); GB/s are per link direction" << (first.ranks_take_turns ? ", ranks taking turns; " : "; ")
+     << link << "\n";
   for (const auto& r : rows) {
     if (r.baselines_run())
       os << r.model << " T=" << r.tokens << ": baselines with " << r.baseline_gemm
          << " (the faster cuBLAS variant), worst rel_l2 vs unfused " << std::scientific << std::setprecision(2)
          << r.baseline_rel_l2 << std::defaultfloat << ", " << fixed(r.baseline_remote_bytes / 1e6, 1)
-         << " MB between ranks per forward\n";
+         << " MB between ranks per forward; " << r.link.describe() << "\n";
     else if (!r.baseline_note.empty())
-      os << r.model << " T=" << r.tokens << ": " << r.baseline_note << "\n";
+      os << r.model << " T=" << r.tokens << ": " << r.baseline_note << "; " << r.link.describe() << "\n";
   }
 }
 
@@ -62,7 +99,13 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
                           {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"flop", r.flop}, {"fused_us", r.fused_us},
                           {"unfused_us", r.unfused_us}, {"compute_only_us", r.compute_us},
                           {"comm_only_us", r.comm_us}, {"plan_us", r.plan_us}, {"fused_over_compute", r.fused_over_compute()},
-                          {"fused_tflops", r.fused_tflops()}, {"fused_equals_unfused", r.fused_equals_unfused}};
+                          {"fused_tflops", r.fused_tflops()}, {"fused_equals_unfused", r.fused_equals_unfused},
+                          {"link", r.link.describe()}, {"link_gbps", r.link.gbps}, {"link_latency_us", r.link.latency_us},
+                          {"remote_bytes", r.remote_bytes}, {"comm_link_gbps", r.comm_link_gbps()},
+                          {"fused_link_gbps", r.fused_link_gbps()}, {"hidden_fraction", r.hidden_fraction()},
+                          {"lower_bound_us", r.lower_bound_us}, {"lower_bound_by", r.bound_by},
+                          {"lower_bound_rates", r.bound_gpu}, {"lower_bound_link_gbps", r.bound_link_gbps},
+                          {"fused_over_lower_bound", r.fused_over_bound()}};
     if (r.baselines_run()) {
       row["baseline_gemm"] = r.baseline_gemm;
       row["sequential_us"] = r.sequential_us;

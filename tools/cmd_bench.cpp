@@ -53,6 +53,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   l->add_option("--chunks", lo.chunks, "chunk counts of the chunked baseline, comma separated (the fastest is reported)")
       ->delimiter(',')
       ->check(CLI::Range(1, 32));
+  l->add_option("--emulate-link", lo.emulate_link,
+                "GBPS[,LATENCY_US]: pace every inter-rank copy (Comet's and the baselines') to this link per rank "
+                "and direction, e.g. 450,2 (docs/link_emulation.md)");
   l->add_flag("--no-baselines", lo.no_baselines, "leave out the sequential and chunked baselines");
   l->add_option("--fabric", lo.fabric,
                 "loopback (W virtual ranks on one GPU), local (one GPU per rank) or nccl (one process per rank, "
@@ -89,10 +92,23 @@ void check_bench_inputs(const std::vector<std::string>& models, const std::vecto
 #endif
 }
 
+LinkEmulation parse_emulate_link_option(const std::string& value) {
+  if (value.empty()) return {};
+  try {
+    return parse_link_emulation(value);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--emulate-link: ") + e.what());
+  }
+}
+
 int bench_layer_command(const BenchLayerOptions& o) {
   check_output_path(o.trace, "--trace");
   for (int r : o.trace_ranks)
     if (r >= o.ep * o.tp) throw UsageError("--trace-ranks: rank " + std::to_string(r) + " is not one of the W ranks");
+  const LinkEmulation link = parse_emulate_link_option(o.emulate_link);
+  if (link.on() && o.fabric != "loopback")
+    throw UsageError("--emulate-link stands for a node of GPUs on one GPU (loopback fabric); with --fabric " + o.fabric +
+                     " the links are real");
   check_bench_inputs(o.models, o.tokens, "comet bench");
 #ifdef COMET_HAVE_CUDA
   bench::LayerBenchOptions lo;
@@ -110,6 +126,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.baselines = !o.no_baselines;
   lo.chunks = o.chunks;
   lo.fabric = o.fabric;
+  lo.link = link;
   // With one process per rank, rank 0 speaks for the run; every rank still fails on a mismatch.
   const char* rank_env = std::getenv("RANK");
   const bool quiet = o.fabric == "nccl" && rank_env != nullptr && std::string(rank_env) != "0";
@@ -123,9 +140,9 @@ int bench_layer_command(const BenchLayerOptions& o) {
     std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP "
               << o.ep << " x TP " << o.tp << " " << ranks << ", full-size presets, uniform routing, "
               << "median of " << o.iters << " interleaved runs"
-              << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "\n";
-  const auto rows = bench::run_layer_bench(lo, [quiet](int done, int total, const std::string& what) {
-    if (!quiet) std::cerr << "[" << done << "/" << total << "] " << what << "\n";
+              << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "; " << link.describe() << "\n";
+  const auto rows = bench::run_layer_bench(lo, [quiet, &link](int done, int total, const std::string& what) {
+    if (!quiet) std::cerr << "[" << done << "/" << total << "] " << what << (link.on() ? "; " + link.describe() : "") << "\n";
   });
   if (!quiet) {
     if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";

@@ -58,6 +58,7 @@ struct RunResult {
   std::string fabric;           // cuda: loopback, local or nccl
   int devices = 1;              // cuda: GPUs this process used
   int first_rank = 0;           // y[i] and want[i] are rank first_rank + i (nccl: this process's rank)
+  LinkEmulation link;           // cuda: what paced the inter-rank copies
   int64_t saved_tensors = 0;
   int64_t trace_events = 0;
   std::vector<int> trace_lanes;     // cuda: n_comm of layer0 and layer1, then the grid
@@ -138,8 +139,8 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   if (r.backend == "cuda") {
     const char* kernels = !o.trace.empty() ? "fused Comet kernels, traced" : o.fused ? "fused Comet kernels" : "unfused pipeline";
     if (r.fabric == "loopback")
-      os << strf("backend: cuda (%d virtual ranks on one %s, loopback fabric, %s)\n", c.layout.world, r.device.c_str(),
-                 kernels);
+      os << strf("backend: cuda (%d virtual ranks on one %s, loopback fabric, %s, %s)\n", c.layout.world, r.device.c_str(),
+                 kernels, r.link.describe().c_str());
     else if (r.fabric == "local")
       os << strf("backend: cuda (%d ranks on %d %s GPUs in one process, local fabric, %s)\n", c.layout.world,
                  r.devices, r.device.c_str(), kernels);
@@ -227,6 +228,7 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
     j["device"] = r.device;
     j["fabric"] = r.fabric;
     j["fused"] = o.fused;
+    j["link"] = r.link.describe();
     j["verified_ranks"] = {r.first_rank, r.first_rank + int(r.y.size())};  // [first, end)
   }
   j["cpu_scale"] = {{"shape_factor", r.scale.shape_factor},
@@ -302,6 +304,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   cmd->add_option("--timeout-ms", o.timeout_ms, "timeout of every signal wait")
       ->capture_default_str()
       ->group("Backend");
+  cmd->add_option("--emulate-link", o.emulate_link,
+                  "cuda: GBPS[,LATENCY_US], pace every inter-rank copy to this link (docs/link_emulation.md)")
+      ->group("Backend");
   cmd->add_option("--cpu-budget-gflop", o.cpu_budget_gflop,
                   "cpu: scale the workload down until one forward is at most this much work "
                   "(default: the library's budget)")
@@ -346,6 +351,10 @@ int run_command(const RunOptions& o) {
     throw UsageError("--chunk-tokens must be positive, not " + std::to_string(o.chunk_tokens));
   if (o.timeout_ms < 1)
     throw UsageError("--timeout-ms must be positive, not " + std::to_string(o.timeout_ms));
+  r.link = parse_emulate_link_option(o.emulate_link);
+  if (r.link.on() && o.fabric != "loopback")
+    throw UsageError("--emulate-link stands for a node of GPUs on one GPU (loopback fabric); with --fabric " + o.fabric +
+                     " the links are real");
   if (!(o.cpu_budget_gflop >= 0))
     throw UsageError("--cpu-budget-gflop must be positive (0: the default budget)");
   {
@@ -421,6 +430,9 @@ int run_command(const RunOptions& o) {
                      " weights even scaled down " + std::to_string(factor) + "x, more than the " +
                      std::to_string(int64_t(kMaxWeightValues)) + " the oracle run allows");
 
+  if (r.link.on() && r.backend != "cuda")
+    throw UsageError("--emulate-link paces the CUDA backend's copies; this run uses the cpu backend (--backend cuda)");
+
   // The problem, the forward pass and the oracle.
   MoeProblem problem = make_problem(r.config, r.tokens_per_rank, r.full.routing, r.full.seed);
   ref::RefOptions ro;
@@ -432,7 +444,7 @@ int run_command(const RunOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
 #ifdef COMET_HAVE_CUDA
   if (r.backend == "cuda") {
-    GpuRun g = run_on_gpu(r.config, problem, {o.fabric, o.fused, ro.trace});  // MoeLayer takes its own tile shapes
+    GpuRun g = run_on_gpu(r.config, problem, {o.fabric, o.fused, ro.trace, r.link});  // MoeLayer takes its own tile shapes
     r.y = std::move(g.y);
     r.forward_us = g.forward_us;
     r.device = g.device;

@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_common.h"
+#include "comet/link_emulation.h"
 
 namespace comet::tools {
 
@@ -32,6 +33,7 @@ struct RunOptions {
   std::string gpu = "H200";       // the GPU the full-size lower bound is computed for
   std::string save;
   std::string trace;  // Chrome trace JSON path; an SVG timeline is written beside it
+  std::string emulate_link;  // cuda backend: GBPS[,LATENCY_US] (comet/link_emulation.h); empty: off
   bool json = false;
 };
 CLI::App* add_run_command(CLI::App& app, RunOptions& options);
@@ -69,12 +71,15 @@ struct BenchLayerOptions {
   double warmup_ms = 300;
   uint64_t seed = 1;
   std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
+  std::string emulate_link;       // GBPS[,LATENCY_US] (comet/link_emulation.h); empty: off
   bool no_baselines = false;
   bool json = false;
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
   std::string trace;                // timeline of one traced fused forward per row (FILE.json + FILE.svg)
   std::vector<int> trace_ranks{0};  // ranks drawn in the SVG
 };
+// --emulate-link's value (empty: off); UsageError naming the option for a bad one.
+LinkEmulation parse_emulate_link_option(const std::string& value);
 // Presets and token counts of a GPU command (UsageError naming the option), then that a GPU
 // is there (UsageError naming `command`).
 void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens,

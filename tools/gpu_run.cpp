@@ -33,6 +33,7 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const GpuRunOp
   LayerOptions lo;
   lo.fused = options.fused || options.trace;
   lo.trace = options.trace;
+  lo.link = options.link;
   layer.set_options(lo);
   const cuda::DeviceProblem tensors(config, p, fabric.get());
   cudaEvent_t start, stop;

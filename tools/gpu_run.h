@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comet/config.h"
+#include "comet/link_emulation.h"
 #include "comet/problem.h"
 #include "comet/trace.h"
 
@@ -16,6 +17,7 @@ struct GpuRunOptions {
   std::string fabric = "loopback";  // loopback, local or nccl
   bool fused = false;
   bool trace = false;  // the fused kernels with LayerOptions::trace; GpuRun::trace holds the timeline
+  LinkEmulation link;  // paces the inter-rank copies (comet/link_emulation.h; off by default)
 };
 
 struct GpuRun {

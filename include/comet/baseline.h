@@ -46,6 +46,7 @@
 
 #include "comet/config.h"
 #include "comet/layer.h"
+#include "comet/link_emulation.h"
 #include "comet/problem.h"
 
 struct CUstream_st;
@@ -71,7 +72,10 @@ struct BaselineOptions {
   // (chunk i's GEMMs overlap chunk i+1's dispatch and chunk i-1's combine).
   bool pipelined = false;
   BaselineGemm gemm = BaselineGemm::kPerExpertLoop;
-  std::string describe() const;  // "sequential", "chunked C=4 (pipelined)", ...
+  // Paces every all-to-all (and the count exchange) to an emulated link, as
+  // LayerOptions::link does for MoeLayer (docs/link_emulation.md). Off by default.
+  LinkEmulation link;
+  std::string describe() const;  // "sequential, cublas-loop", "chunked C=4 (pipelined), ...", ...
 };
 
 BaselineOptions sequential_baseline(BaselineGemm gemm = BaselineGemm::kPerExpertLoop);

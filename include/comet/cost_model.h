@@ -5,6 +5,10 @@
 //   t_comm    = (dispatch + combine bytes over its busiest link direction) / link bandwidth,
 //   t_weights = bytes of its expert weights / HBM bandwidth (weights are read at least once).
 // Overlap can at best hide the smaller terms behind the largest one (DESIGN §6).
+// serial_lower_bound_us is the bound of the same forward when the W ranks take turns on one GPU
+// (the Loopback fabric: each rank's kernels run alone, one rank after another): the sum over
+// ranks of each rank's max(t_compute, t_comm, t_weights), with t_comm the rank's own busier link
+// direction.
 #pragma once
 
 #include <string>
@@ -27,6 +31,8 @@ struct GpuSpec {
 
 const std::vector<GpuSpec>& gpu_specs();
 const GpuSpec& gpu_spec(const std::string& name);  // throws comet::Error listing names
+// The spec whose name appears in a CUDA device name ("NVIDIA H200" -> H200), or nullptr.
+const GpuSpec* find_gpu_spec(const std::string& device_name);
 
 struct LayerCost {
   double flops_max_rank = 0;       // FLOP of the busiest rank
@@ -37,6 +43,7 @@ struct LayerCost {
   double t_weights_us = 0;
   double lower_bound_us = 0;
   std::string bound_by;  // "compute", "comm" or "weights"
+  double serial_lower_bound_us = 0;  // ranks one after another on one GPU (see above)
 };
 
 // Bytes rank src sends to rank dst in one forward (dispatch src->dst plus the combine rows
@@ -45,9 +52,16 @@ double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, 
 
 LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const GpuSpec& gpu);
 
+// Bytes that cross any link in one forward: dispatch plus combine rows between different ranks,
+// summed over all ranks (the sum of link_bytes over every ordered pair). Each byte leaves one
+// rank and enters another, so every rank's outgoing (or incoming) direction carries 1/W of it
+// on average.
+double total_link_bytes(const LayerConfig& config, const DispatchPlan& plan);
+
 // The same bound for `tokens_per_rank` tokens on every rank under uniform routing, in
 // expectation (no plan needed): a rank receives T * topk / EP rows from each rank, and a token
 // reaches a given EP group (each of its TP ranks) unless all its topk distinct experts miss it.
+// Every rank costs the same, so serial_lower_bound_us = W * lower_bound_us.
 LayerCost expected_layer_cost(const LayerConfig& config, int tokens_per_rank, const GpuSpec& gpu);
 
 }  // namespace comet

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comet/config.h"
+#include "comet/link_emulation.h"
 #include "comet/problem.h"
 #include "comet/trace.h"
 #include "comet/tuning.h"
@@ -57,6 +58,10 @@ struct LayerOptions {
   // Communication records kept per kernel; 0: the plan's bound, which never overflows. Records
   // past it are counted (Trace::dropped_events), never written.
   int64_t trace_chunk_capacity = 0;
+  // Paces the dispatch and combine copies between ranks (fused and unfused alike, run_part's
+  // kCommunication too) to an emulated link per rank and direction (docs/link_emulation.md).
+  // Results are bitwise the same; only the timing changes. Off by default.
+  LinkEmulation link;
 };
 
 struct RankTensors {

@@ -36,6 +36,12 @@ const GpuSpec& gpu_spec(const std::string& name) {
   throw Error(os.str());
 }
 
+const GpuSpec* find_gpu_spec(const std::string& device_name) {
+  for (const auto& g : gpu_specs())
+    if (device_name.find(g.name) != std::string::npos) return &g;
+  return nullptr;
+}
+
 double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, int dst) {
   if (src == dst) return 0.0;
   // Dispatch: src's tokens sent to dst (once per destination). Combine: dst's tokens that src
@@ -44,29 +50,54 @@ double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, 
   return (plan.send_count(src, dst) + plan.send_count(dst, src)) * row_bytes;
 }
 
+namespace {
+
+double compute_us(double flops, const GpuSpec& gpu) { return flops / (gpu.bf16_tflops * 1e12) * 1e6; }
+double link_us(double bytes, const GpuSpec& gpu) { return bytes / (gpu.link_gbps * 1e9) * 1e6; }
+double hbm_us(double bytes, const GpuSpec& gpu) { return bytes / (gpu.hbm_gbps * 1e9) * 1e6; }
+double weight_bytes_per_rank(const LayerConfig& config) {
+  return double(config.experts_per_rank()) * config.model.weights_per_expert() / config.layout.tp *
+         dtype_bytes(config.dtype);
+}
+
+// The three terms of c (flops_max_rank, link_bytes_max_rank and weight_bytes_per_rank set) in
+// us, their maximum and which one it is.
+void finish_cost(LayerCost& c, const GpuSpec& gpu) {
+  c.t_compute_us = compute_us(c.flops_max_rank, gpu);
+  c.t_comm_us = link_us(c.link_bytes_max_rank, gpu);
+  c.t_weights_us = hbm_us(c.weight_bytes_per_rank, gpu);
+  c.lower_bound_us = std::max({c.t_compute_us, c.t_comm_us, c.t_weights_us});
+  c.bound_by = c.lower_bound_us == c.t_compute_us ? "compute" : c.lower_bound_us == c.t_comm_us ? "comm" : "weights";
+}
+
+}  // namespace
+
 LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const GpuSpec& gpu) {
   const int W = config.layout.world;
   LayerCost c;
+  c.weight_bytes_per_rank = weight_bytes_per_rank(config);
   const double flops_per_row = double(config.model.flops_per_row()) / config.layout.tp;
+  const double t_weights_us = hbm_us(c.weight_bytes_per_rank, gpu);
   for (int r = 0; r < W; ++r) {
-    c.flops_max_rank = std::max(c.flops_max_rank, plan.rows_on_rank(r) * flops_per_row);
+    const double flops = plan.rows_on_rank(r) * flops_per_row;
+    c.flops_max_rank = std::max(c.flops_max_rank, flops);
     double out = 0, in = 0;
     for (int p = 0; p < W; ++p) {
       out += link_bytes(config, plan, r, p);
       in += link_bytes(config, plan, p, r);
     }
     c.link_bytes_max_rank = std::max({c.link_bytes_max_rank, out, in});
+    c.serial_lower_bound_us += std::max({compute_us(flops, gpu), link_us(std::max(out, in), gpu), t_weights_us});
   }
-  c.weight_bytes_per_rank = double(config.experts_per_rank()) * config.model.weights_per_expert() /
-                            config.layout.tp * dtype_bytes(config.dtype);
-  c.t_compute_us = c.flops_max_rank / (gpu.bf16_tflops * 1e12) * 1e6;
-  c.t_comm_us = c.link_bytes_max_rank / (gpu.link_gbps * 1e9) * 1e6;
-  c.t_weights_us = c.weight_bytes_per_rank / (gpu.hbm_gbps * 1e9) * 1e6;
-  c.lower_bound_us = std::max({c.t_compute_us, c.t_comm_us, c.t_weights_us});
-  c.bound_by = c.lower_bound_us == c.t_compute_us ? "compute"
-               : c.lower_bound_us == c.t_comm_us  ? "comm"
-                                                  : "weights";
+  finish_cost(c, gpu);
   return c;
+}
+
+double total_link_bytes(const LayerConfig& config, const DispatchPlan& plan) {
+  double bytes = 0;
+  for (int src = 0; src < config.layout.world; ++src)
+    for (int dst = 0; dst < config.layout.world; ++dst) bytes += link_bytes(config, plan, src, dst);
+  return bytes;
 }
 
 LayerCost expected_layer_cost(const LayerConfig& config, int tokens_per_rank, const GpuSpec& gpu) {
@@ -84,13 +115,9 @@ LayerCost expected_layer_cost(const LayerConfig& config, int tokens_per_rank, co
   const double p_group = 1.0 - p_miss;
   const double per_peer = T * p_group;
   c.link_bytes_max_rank = 2.0 * per_peer * (W - 1) * row_bytes;  // dispatch out + combine out
-  c.weight_bytes_per_rank = double(config.experts_per_rank()) * config.model.weights_per_expert() / TP *
-                            dtype_bytes(config.dtype);
-  c.t_compute_us = c.flops_max_rank / (gpu.bf16_tflops * 1e12) * 1e6;
-  c.t_comm_us = c.link_bytes_max_rank / (gpu.link_gbps * 1e9) * 1e6;
-  c.t_weights_us = c.weight_bytes_per_rank / (gpu.hbm_gbps * 1e9) * 1e6;
-  c.lower_bound_us = std::max({c.t_compute_us, c.t_comm_us, c.t_weights_us});
-  c.bound_by = c.lower_bound_us == c.t_compute_us ? "compute" : c.lower_bound_us == c.t_comm_us ? "comm" : "weights";
+  c.weight_bytes_per_rank = weight_bytes_per_rank(config);
+  finish_cost(c, gpu);
+  c.serial_lower_bound_us = W * c.lower_bound_us;
   return c;
 }
 

@@ -140,7 +140,12 @@ void check_options(const BaselineOptions& o) {
               "BaselineMoe: chunks must be within [1, " << kBaselineMaxChunks << "], got " << o.chunks);
   COMET_CHECK(o.gemm == BaselineGemm::kPerExpertLoop || o.gemm == BaselineGemm::kGroupedBatched,
               "BaselineMoe: unknown GEMM variant " << int(o.gemm));
+  const Status link = o.link.validate();
+  COMET_CHECK(link.ok, "BaselineMoe: " << link.reason);
 }
+
+// Longest single pacing wait of an all-to-all (cuda/link_pace.h); the baselines have no timeout.
+constexpr uint64_t kMaxPaceWaitNs = 5'000'000'000ull;
 
 }  // namespace
 
@@ -156,7 +161,7 @@ std::string BaselineOptions::describe() const {
   std::string s = chunks == 1 && !pipelined ? "sequential"
                                             : "chunked C=" + std::to_string(chunks) +
                                                   (pipelined ? " (pipelined)" : " (one stream)");
-  return s + ", " + baseline_gemm_name(gemm);
+  return s + ", " + baseline_gemm_name(gemm) + (link.on() ? ", " + link.describe() : "");
 }
 
 BaselineOptions sequential_baseline(BaselineGemm gemm) { return BaselineOptions{1, false, gemm}; }
@@ -197,6 +202,7 @@ struct BaselineMoe::Impl {
   bool have_weights = false;
 
   char* staging = nullptr;       // pinned, staging_layout.total
+  cuda::LinkPacer* pacer = nullptr;  // link emulation (one GPU): every all-to-all's, zeroed by each
   int32_t* host_rows = nullptr;  // pinned [W][L]
   cuda::AllToAllPlan gather;     // the count exchange, one per chunk count
   cudaEvent_t last_finished = nullptr;  // the end of the last call, on its caller's stream
@@ -232,6 +238,7 @@ struct BaselineMoe::Impl {
     }
     for (void* p : w0) if (p) cudaFree(p);
     for (void* p : w1) if (p) cudaFree(p);
+    if (pacer) cudaFree(pacer);
     if (staging) cudaFreeHost(staging);
     if (host_rows) cudaFreeHost(host_rows);
     if (saved >= 0) cudaSetDevice(saved);
@@ -286,6 +293,12 @@ struct BaselineMoe::Impl {
       gather.set_issuers(issuer);
       a2a.set_issuers(issuer);
     }
+  }
+
+  // An all-to-all moves every rank's bytes in one launch: on one GPU it stands for W ranks'
+  // turns, so its pacing adds W latencies (docs/link_emulation.md).
+  cuda::LinkPace link_pace() const {
+    return cuda::make_link_pace(options.link, pacer, config.layout.world, kMaxPaceWaitNs);
   }
 
   void apply_options(const BaselineOptions& o) {
@@ -369,7 +382,7 @@ struct BaselineMoe::Impl {
   void exchange(const cuda::AllToAllPlan& plan, int id, cudaStream_t Lane::*which) {
     for (size_t i = 0; i < lanes.size(); ++i) {
       use(lanes[i]);
-      plan.run(id, int(i), lanes[i].*which);
+      plan.run(id, int(i), lanes[i].*which, link_pace());
     }
     if (lanes.size() == 1) return;
     for (const Lane& l : lanes) {
@@ -660,7 +673,8 @@ int64_t BaselineMoe::device_bytes(const LayerConfig& config) {
   const int64_t weights = int64_t(c.experts_per_rank()) * (cuda::gemm0_weight_rows(c) + Fl) * H * 2;
   const int64_t cublas_workspace = int64_t(64) << 20;
   const int64_t count_exchanges = kBaselineMaxChunks * W * W * int64_t(sizeof(cuda::CopySegment));
-  return W * (HeapLayout(c).total + weights) + StagingLayout(c).total + cublas_workspace + count_exchanges;
+  return W * (HeapLayout(c).total + weights) + StagingLayout(c).total + cublas_workspace + count_exchanges +
+         int64_t(sizeof(cuda::LinkPacer));
 }
 
 BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, const BaselineOptions& options) {
@@ -693,6 +707,9 @@ BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, cons
   COMET_CUDA_CHECK(cudaHostAlloc(&m.host_rows, size_t(W) * core::baseline_count_row_len(c, kBaselineMaxChunks) * 4,
                                  cudaHostAllocPortable));
   m.make_lanes();
+  m.use(m.lanes[0]);
+  COMET_CUDA_CHECK(cudaMalloc(&m.pacer, sizeof(cuda::LinkPacer)));
+  COMET_CUDA_CHECK(cudaMemset(m.pacer, 0, sizeof(cuda::LinkPacer)));
   m.stage_count_exchanges();
   m.apply_options(options);
 }
@@ -749,6 +766,9 @@ void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* strea
                                                       << " (ranks " << m.first << ".." << m.first + m.num_local - 1
                                                       << " of " << m.config.layout.world << " on the "
                                                       << m.fabric.name() << " fabric): one RankTensors per local rank");
+  COMET_CHECK(!m.options.link.on() || (m.lanes.size() == 1 && m.num_local == m.config.layout.world),
+              "BaselineMoe: link emulation stands for a node on one GPU; it needs every rank on one GPU (the "
+              "loopback fabric), not the " << m.fabric.name() << " fabric's real links");
   for (int r = m.first; r < m.first + m.num_local; ++r) {
     const RankTensors& t = m.tensors(in, r);
     COMET_CHECK(t.x && t.expert_ids && t.weights && t.num_tokens && t.y,

@@ -30,6 +30,7 @@
 
 #include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/link_pace.cuh"
 #include "cuda/signal.cuh"
 #include "cuda/trace_record.cuh"
 
@@ -56,12 +57,14 @@ __device__ inline void load_recv_psum(const FusedCommArgs& f, int32_t* psum) {
 __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {
   const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
   uint4* a_rows = static_cast<uint4*>(f.a_rows);
+  if (warp == 0 && lane == 0) link_zero(f.link_reset);  // link emulation: the combine's pacer
   int pos = 0;  // slots only grow, so the ring position only advances
   ChunkRecorder trace(f.trace, 0, f.rank);
   for (int slot = warp; slot < total; slot += num_warps) {
     trace.begin_item(slot);
     while (pos + 1 < f.world && psum[pos + 1] <= slot) ++pos;
     const int src = (f.rank + pos) % f.world;
+    const uint64_t landed = link_pull(f.link, src == f.rank ? 0 : uint64_t(chunks) * 16);  // emulated link
     const int32_t* rows = f.plan.recv_rows + int64_t(slot) * f.rows_per_token;
     const int my_row = lane < f.rows_per_token ? rows[lane] : -1;
     const int num_rows = __popc(__ballot_sync(~0u, my_row >= 0));  // rows are -1 padded at the end
@@ -83,6 +86,7 @@ __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum
         }
       }
     }
+    link_wait(f.link, landed);
     if (f.tile_arrivals != nullptr) {
       __threadfence();
       __syncwarp();
@@ -137,6 +141,8 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
   int ready_group = -1;  // the column group this warp last waited for
   int next = warp, claim_end = 0;
   ChunkRecorder trace(f.trace, 1, f.rank);
+  if (warp == 0 && lane == 0) link_zero(f.link_reset);  // link emulation: the dispatch's pacer
+  uint64_t last_sent = 0;
   while (true) {
     // Step 1: the next item (claimed in batches from the counter, or the static stride).
     int i;
@@ -179,6 +185,7 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
     const float my_weight = my_row >= 0 ? f.plan.recv_weight[int64_t(slot) * f.rows_per_token + lane] : 0.f;
     const int num_rows = __popc(__ballot_sync(~0u, my_row >= 0));
     const int c_end = min(chunks, (g + 1) * group_chunks);
+    const uint64_t sent = link_push(f.link, owner == f.rank ? 0 : uint64_t(c_end - g * group_chunks) * 16);
     for (int c0 = g * group_chunks; c0 < c_end; c0 += 32 * kCombineUnroll) {
       float acc[8 * kCombineUnroll];
 #pragma unroll
@@ -202,8 +209,11 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
         if (c < c_end) dst[c] = to_bf16_chunk(acc + 8 * u);
       }
     }
+    link_wait(f.link, sent);
+    last_sent = max(last_sent, sent);
     trace.end_item();
   }
+  link_drain(f.link, last_sent);
   trace.flush();
 }
 

@@ -21,6 +21,7 @@
 #include "core/kernel_trace.h"
 #include "cuda/device_plan.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/link_pace.h"
 
 struct CUstream_st;
 
@@ -56,6 +57,11 @@ struct FusedCommArgs {
   // done, GEMM warps claim combine items from it. Null: a static split over the comm warps.
   unsigned* combine_claims = nullptr;
   TraceSink trace{};                  // LayerOptions::trace
+  // Link emulation (cuda/link_pace.h): this phase's pacer (dispatch: the rank's incoming link,
+  // combine: its outgoing one; off by default), and the other phase's pacer, which this kernel
+  // zeroes for the rank's next phase (docs/link_emulation.md).
+  LinkPace link{};
+  LinkPacer* link_reset = nullptr;
 };
 
 // Launch one layer cooperatively on num_SMs blocks (asynchronous on `stream`). `gemm` carries

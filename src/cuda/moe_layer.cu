@@ -104,7 +104,8 @@ struct MoeLayer::Impl {
     const float** weight_table = nullptr;
     // Epoch bookkeeping of the fused kernels, one allocation: tile base/target [MT] each,
     // column base/target [NB1] each (cuda/device_plan.h), the combine work counter, then the
-    // rank barrier's generation (cuda/rank_barrier.h).
+    // link pacers of dispatch and combine (cuda/link_pace.h), then the rank barrier's generation
+    // (cuda/rank_barrier.h).
     uint64_t* epochs = nullptr;
     // One stream per rank only: the rank's stream on its device, and the event that marks the
     // end of its work of a call.
@@ -150,6 +151,7 @@ struct MoeLayer::Impl {
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank);
     GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
     gpu.num_sms = info.num_sms;
+    if (options.link.on()) gpu.link_gbps = options.link.gbps;  // the link the copies are paced to
     const LayerCost cost = expected_layer_cost(config, config.max_tokens_per_rank, gpu);
     n_comm = choose_n_comm(&tuning, key, config, cost, gpu);
     if (n_comm.n_comm0 >= info.num_sms || n_comm.n_comm1 >= info.num_sms) {  // a table for another GPU size
@@ -163,9 +165,17 @@ struct MoeLayer::Impl {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
     return options.fused ? kFusedLayer0GroupM : cuda::kRasterGroupM;
   }
-  int64_t epoch_words() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1 + 2; }
-  unsigned* combine_claims(const Rank& k) const {
-    return reinterpret_cast<unsigned*>(k.epochs + 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1);
+  // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
+  // word), one LinkPacer per layer, then the rank barrier's generation (one word). Layer0's pacer
+  // paces the rank's dispatch pulls (its incoming link), layer1's its combine pushes (its
+  // outgoing link). Each phase's kernels zero the other phase's pacer, so every phase starts
+  // from a zero pacer without a memset (the plan kernel need not run: run_part(kCommunication)
+  // is paced too); reset_epochs zeroes both.
+  int64_t claims_word() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1; }
+  int64_t epoch_words() const { return claims_word() + 1 + 2 * cuda::kLinkPacerWords + 1; }
+  unsigned* combine_claims(const Rank& k) const { return reinterpret_cast<unsigned*>(k.epochs + claims_word()); }
+  cuda::LinkPacer* link_pacer(const Rank& k, int layer) const {
+    return reinterpret_cast<cuda::LinkPacer*>(k.epochs + claims_word() + 1) + layer;
   }
   uint64_t* barrier_generation(const Rank& k) const { return k.epochs + epoch_words() - 1; }
   char* region(const Rank& k, const char* name) const {
@@ -217,6 +227,8 @@ struct MoeLayer::Impl {
     f.stall = options.stall_rank == k.rank;
     f.timeout_ns = timeout_ns();
     f.error = k.error;
+    f.link = cuda::make_link_pace(options.link, link_pacer(k, layer), 1, f.timeout_ns);
+    f.link_reset = link_pacer(k, 1 - layer);
     if (signals == Signals::kOn) {
       const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
       if (layer == 0) f.tile_arrivals = reinterpret_cast<uint64_t*>(region(k, "tile_arrivals"));
@@ -566,6 +578,8 @@ void MoeLayer::set_options(const LayerOptions& o) {
   COMET_CHECK(!o.trace || o.fused, "MoeLayer: LayerOptions::trace records the fused kernels; set fused too");
   COMET_CHECK(o.trace_chunk_capacity >= 0 && o.trace_chunk_capacity < (int64_t(1) << 31),
               "MoeLayer: trace_chunk_capacity must be in [0, 2^31), got " << o.trace_chunk_capacity);
+  const Status link = o.link.validate();
+  COMET_CHECK(link.ok, "MoeLayer: " << link.reason);
   impl_->options = o;
   impl_->resolve_n_comm();
 }

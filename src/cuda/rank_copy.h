@@ -1,8 +1,10 @@
 // cuda/rank_copy.h: how the baselines move bytes between ranks (docs/baselines.md).
 //
 // Every byte one rank sends another in a baseline forward goes through copy_between_ranks():
-// one kernel over a list of (src, dst, bytes) segments. Link emulation (pacing each segment to
-// a given GB/s and latency) belongs there and nowhere else.
+// one kernel over a list of (src, dst, bytes) segments. Link emulation paces it there and
+// nowhere else: with a LinkPace on, each block step reserves its remote bytes (src_rank !=
+// dst_rank) on one pacer before storing them, and the launch ends one latency after the last
+// (cuda/link_pace.h, docs/link_emulation.md). The last block of a launch zeroes the pacer.
 //
 // AllToAllPlan is the seam between the baselines and the fabric: a forward describes each
 // all-to-all-v (or all-gather) as transfers between ranks, stages them once, and runs them by
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "fabric/fabric.h"
+#include "cuda/link_pace.h"
 
 struct CUstream_st;
 
@@ -52,8 +55,9 @@ struct CopyList {
   int64_t total_units = 0;
 };
 
-// Asynchronous on `stream`; nothing to do for an empty list.
-void copy_between_ranks(const CopyList& list, CUstream_st* stream);
+// Asynchronous on `stream`; nothing to do for an empty list. With `pace` on, launches that share
+// its pacer must not overlap (one stream).
+void copy_between_ranks(const CopyList& list, CUstream_st* stream, const LinkPace& pace = {});
 
 struct Transfer {
   int src_rank = 0;
@@ -89,8 +93,9 @@ class AllToAllPlan {
   void stage(void* host, void* device) { stage(host, &device); }  // one issuer
   // Runs issuer `issuer`'s part of all-to-all `id` (asynchronous on `stream`, a stream of that
   // issuer's device); requires stage() and the copy. With a fabric: issuer 0, the whole call.
-  void run(int id, int issuer, CUstream_st* stream) const;
-  void run(int id, CUstream_st* stream) const { run(id, 0, stream); }  // one issuer
+  // `pace` emulates a link on the copy kernels (cuda/link_pace.h); NCCL calls are never paced.
+  void run(int id, int issuer, CUstream_st* stream, const LinkPace& pace = {}) const;
+  void run(int id, CUstream_st* stream, const LinkPace& pace = {}) const { run(id, 0, stream, pace); }
   // Bytes of all-to-all `id`, every pair's; remote_only leaves out a rank's transfers to itself.
   int64_t bytes(int id, bool remote_only) const;
 

@@ -36,19 +36,8 @@ namespace comet {
 namespace {
 
 using test::LayerCase;
-
-std::vector<std::vector<double>> as_double(const std::vector<std::vector<float>>& v) {
-  std::vector<std::vector<double>> out;
-  for (const auto& r : v) out.emplace_back(r.begin(), r.end());
-  return out;
-}
-
-::testing::AssertionResult close_to(const std::vector<std::vector<float>>& got,
-                                    const std::vector<std::vector<double>>& want) {
-  const ref::Comparison cmp = ref::compare_outputs(got, want);
-  if (cmp.within(ref::tolerance_for(DType::kBF16))) return ::testing::AssertionSuccess() << cmp.describe();
-  return ::testing::AssertionFailure() << cmp.describe();
-}
+using testing::as_double;
+using testing::close_to;
 
 // One forward with poisoned outputs first, so that every checked row comes from this call.
 std::vector<std::vector<float>> run(BaselineMoe& layer, cuda::DeviceProblem& d, cudaStream_t stream = nullptr) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "ref/oracle.h"
 
 namespace comet::testing {
 
@@ -66,5 +67,20 @@ class DeviceBuffer {
   T* ptr_ = nullptr;
   size_t count_ = 0;
 };
+
+inline std::vector<std::vector<double>> as_double(const std::vector<std::vector<float>>& v) {
+  std::vector<std::vector<double>> out;
+  for (const auto& r : v) out.emplace_back(r.begin(), r.end());
+  return out;
+}
+
+// Every rank's output within the bf16 tolerance of `want` (ref::tolerance_for; the message
+// carries the comparison either way).
+inline ::testing::AssertionResult close_to(const std::vector<std::vector<float>>& got,
+                                           const std::vector<std::vector<double>>& want) {
+  const ref::Comparison cmp = ref::compare_outputs(got, want);
+  if (cmp.within(ref::tolerance_for(DType::kBF16))) return ::testing::AssertionSuccess() << cmp.describe();
+  return ::testing::AssertionFailure() << cmp.describe();
+}
 
 }  // namespace comet::testing

@@ -199,37 +199,43 @@ TEST(FusedLayer, ManyTilesPerBlockBitwiseEqualToUnfused) {
   cudaStreamDestroy(stream);
 }
 
+// With link emulation on too (docs/link_emulation.md): pacing waits are separate from signal
+// waits and do not mask a timeout.
 TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
   COMET_REQUIRE_GPU();
-  const LayerCase lc{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11};
-  const LayerConfig c = lc.config();
-  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
-  auto fabric = fabric::make_loopback_fabric(4);
-  MoeLayer layer(c, *fabric);
-  layer.set_weights(p.weights);
-  cuda::DeviceProblem d(c, p);
-  LayerOptions o;
-  o.fused = true;
-  o.timeout_s = 0.2;
-  o.stall_rank = 2;  // rank 2 never moves its rows: its GEMM waits for tile signals
-  layer.set_options(o);
-  layer.forward(d.tensors(), nullptr);
-  try {
+  for (const LinkEmulation link : {LinkEmulation{}, LinkEmulation{20, 5}}) {
+    SCOPED_TRACE(link.describe());
+    const LayerCase lc{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11};
+    const LayerConfig c = lc.config();
+    const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+    auto fabric = fabric::make_loopback_fabric(4);
+    MoeLayer layer(c, *fabric);
+    layer.set_weights(p.weights);
+    cuda::DeviceProblem d(c, p);
+    LayerOptions o;
+    o.fused = true;
+    o.link = link;
+    o.timeout_s = 0.2;
+    o.stall_rank = 2;  // rank 2 never moves its rows: its GEMM waits for tile signals
+    layer.set_options(o);
+    layer.forward(d.tensors(), nullptr);
+    try {
+      layer.check(nullptr);
+      ADD_FAILURE() << "a withheld rank did not time out";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("rank 2"), std::string::npos) << m;
+      EXPECT_NE(m.find("layer0"), std::string::npos) << m;
+      EXPECT_NE(m.find("signal"), std::string::npos) << m;
+    }
+    o.stall_rank = -1;
+    o.timeout_s = 5.0;
+    layer.set_options(o);
+    layer.forward(d.tensors(), nullptr);
     layer.check(nullptr);
-    ADD_FAILURE() << "a withheld rank did not time out";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("rank 2"), std::string::npos) << m;
-    EXPECT_NE(m.find("layer0"), std::string::npos) << m;
-    EXPECT_NE(m.find("signal"), std::string::npos) << m;
+    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
+    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
   }
-  o.stall_rank = -1;
-  o.timeout_s = 5.0;
-  layer.set_options(o);
-  layer.forward(d.tensors(), nullptr);
-  layer.check(nullptr);
-  const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
-  EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
 }
 
 TEST(MoeLayer, RefusesConfigurationsItCannotRun) {

@@ -192,6 +192,51 @@ TEST(CostModel, LinkBytesZeroWhenNothingIsRoutedAway) {
   EXPECT_EQ(layer_cost(c, plan, gpu_specs().front()).t_comm_us, 0.0);
 }
 
+TEST(CostModel, SerialBoundSumsEveryRanksBoundAndTotalBytesSumEveryLink) {
+  // Ranks taking turns on one GPU (Loopback): each rank's own max(compute, comm, weights), summed.
+  for (const CostCase& cc : cost_cases()) {
+    SCOPED_TRACE(cc.describe());
+    const LayerConfig c = cc.config();
+    const DispatchPlan plan(c, cc.routing(cc.tokens));
+    const GpuSpec& gpu = gpu_spec("H200");
+    const LayerCost cost = layer_cost(c, plan, gpu);
+    const double row_bytes = double(c.model.hidden) * dtype_bytes(c.dtype);
+    double serial = 0, sent_rows = 0;
+    for (int r = 0; r < cc.world; ++r) {
+      double out = 0, in = 0;
+      for (int p = 0; p < cc.world; ++p) {
+        if (p == r) continue;
+        out += (plan.send_count(r, p) + plan.send_count(p, r)) * row_bytes;
+        in += (plan.send_count(p, r) + plan.send_count(r, p)) * row_bytes;
+        sent_rows += plan.send_count(r, p);
+      }
+      const double compute = plan.rows_on_rank(r) * double(c.model.flops_per_row()) / c.layout.tp /
+                             (gpu.bf16_tflops * 1e6);
+      serial += std::max({compute, std::max(out, in) / (gpu.link_gbps * 1e3), cost.t_weights_us});
+    }
+    EXPECT_NEAR(cost.serial_lower_bound_us, serial, 1e-9 * serial);
+    EXPECT_GE(cost.serial_lower_bound_us, cost.lower_bound_us * (1 - 1e-12));
+    EXPECT_LE(cost.serial_lower_bound_us, cc.world * cost.lower_bound_us * (1 + 1e-12));
+    // Every dispatched row crosses a link once and its combined row once more.
+    EXPECT_NEAR(total_link_bytes(c, plan), 2 * sent_rows * row_bytes, 1e-9 * sent_rows * row_bytes + 1e-9);
+    // A slower link can only raise the bound.
+    GpuSpec slow = gpu;
+    slow.link_gbps = 10;
+    EXPECT_GE(layer_cost(c, plan, slow).serial_lower_bound_us, cost.serial_lower_bound_us);
+    if (cc.world > 1) {
+      EXPECT_GT(layer_cost(c, plan, slow).t_comm_us, cost.t_comm_us);
+    }
+  }
+}
+
+TEST(CostModel, FindsTheSpecOfADeviceName) {
+  ASSERT_NE(find_gpu_spec("NVIDIA H200"), nullptr);
+  EXPECT_EQ(find_gpu_spec("NVIDIA H200")->name, "H200");
+  ASSERT_NE(find_gpu_spec("NVIDIA H100 80GB HBM3"), nullptr);
+  EXPECT_EQ(find_gpu_spec("NVIDIA H100 80GB HBM3")->name, "H100");
+  EXPECT_EQ(find_gpu_spec("NVIDIA A100-SXM4-80GB"), nullptr);
+}
+
 TEST(CostModel, ExpectedCostMatchesAUniformPlan) {
   // The plan-free estimate (used to pick n_comm before any routing is known) against the cost
   // of an actual uniform routing: within 5% for a few thousand tokens per rank.
@@ -209,6 +254,8 @@ TEST(CostModel, ExpectedCostMatchesAUniformPlan) {
     EXPECT_NEAR(expected.flops_max_rank / real.flops_max_rank, 1.0, 0.05);
     EXPECT_NEAR(expected.link_bytes_max_rank / real.link_bytes_max_rank, 1.0, 0.05);
     EXPECT_DOUBLE_EQ(expected.weight_bytes_per_rank, real.weight_bytes_per_rank);
+    EXPECT_DOUBLE_EQ(expected.serial_lower_bound_us, ep * tp * expected.lower_bound_us);
+    EXPECT_NEAR(expected.serial_lower_bound_us / real.serial_lower_bound_us, 1.0, 0.05);
   }
 }
 

@@ -1,0 +1,23 @@
+// core/bench_metrics.h: the derived columns of `comet bench layer` (docs/cli.md), computed from
+// measured medians on the host. Pure functions, unit-tested (tests/unit/bench_metrics_test.cpp).
+#pragma once
+
+namespace comet::core {
+
+// Fraction of the communication time that overlapped compute (DESIGN §6; the paper's "86.5% of
+// communication hidden"): (compute + comm - fused) / comm = 1 - (fused - compute) / comm,
+// clamped to [0, 1]. compute_us and comm_us are the two parts timed alone; whatever a forward
+// does besides them (plan, publish, owner reduce) counts as communication not hidden, so the
+// fraction errs low. 0 when comm_us <= 0 (nothing to hide).
+double hidden_fraction(double fused_us, double compute_us, double comm_us);
+
+// Average rate of one link direction, GB/s: every byte of remote_bytes leaves one rank and
+// enters another, so each rank's outgoing (and incoming) direction carries remote_bytes / W on
+// average. When the ranks take turns on one GPU (Loopback) each holds it for time_us / W, so the
+// rate is remote_bytes / time_us; ranks on their own GPUs all run for time_us. 0 when time_us <= 0.
+double link_gbps_per_direction(double remote_bytes, int world, double time_us, bool ranks_take_turns);
+
+// time_us / bound_us: 1 is at the lower bound, larger is slower. 0 when bound_us <= 0.
+double bound_ratio(double time_us, double bound_us);
+
+}  // namespace comet::core

@@ -1,0 +1,51 @@
+// unit/bench_metrics_test.cpp: the derived columns of `comet bench layer`
+// (core/bench_metrics.h): hidden-communication fraction, GB/s per link direction, ratio to the
+// lower bound.
+#include <gtest/gtest.h>
+
+#include "core/bench_metrics.h"
+
+namespace comet::core {
+namespace {
+
+TEST(HiddenFraction, IsTheShareOfCommunicationOverlappedWithCompute) {
+  // compute 100, comm 40: fused 100 hides all of it, 140 none, 110 three quarters.
+  EXPECT_DOUBLE_EQ(hidden_fraction(100, 100, 40), 1.0);
+  EXPECT_DOUBLE_EQ(hidden_fraction(140, 100, 40), 0.0);
+  EXPECT_DOUBLE_EQ(hidden_fraction(110, 100, 40), 0.75);
+  // DESIGN §6's form: 1 - (fused - compute) / comm.
+  EXPECT_DOUBLE_EQ(hidden_fraction(123, 100, 40), 1 - (123.0 - 100) / 40);
+  // The paper's figure: 86.5% hidden.
+  EXPECT_NEAR(hidden_fraction(100 + 0.135 * 50, 100, 50), 0.865, 1e-12);
+}
+
+TEST(HiddenFraction, ClampsToZeroAndOne) {
+  EXPECT_DOUBLE_EQ(hidden_fraction(90, 100, 40), 1.0);   // faster than compute alone
+  EXPECT_DOUBLE_EQ(hidden_fraction(200, 100, 40), 0.0);  // slower than both in sequence
+  EXPECT_DOUBLE_EQ(hidden_fraction(100, 100, 0), 0.0);   // nothing to hide
+  EXPECT_DOUBLE_EQ(hidden_fraction(100, 100, -1), 0.0);
+}
+
+TEST(LinkGbps, IsBytesPerRankOverTheTimeEachRankHeldTheLink) {
+  // 8 ranks move 800 MB in all: 100 MB per rank and direction. Taking turns over 1000 us,
+  // each rank has 125 us: 800 GB/s. On their own GPUs, all 1000 us: 100 GB/s.
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(800e6, 8, 1000, true), 800.0);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(800e6, 8, 1000, false), 100.0);
+  // One rank: no difference.
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e9, 1, 1e6, true), 1.0);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e9, 1, 1e6, false), 1.0);
+  // A paced run at exactly B: remote_bytes / B of time gives B back.
+  const double bytes = 3.7e8, gbps = 450, us = bytes / (gbps * 1e3);
+  EXPECT_NEAR(link_gbps_per_direction(bytes, 8, us, true), gbps, 1e-9);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e6, 8, 0, true), 0.0);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(0, 8, 10, true), 0.0);
+}
+
+TEST(BoundRatio, IsTimeOverBound) {
+  EXPECT_DOUBLE_EQ(bound_ratio(150, 100), 1.5);
+  EXPECT_DOUBLE_EQ(bound_ratio(100, 100), 1.0);
+  EXPECT_DOUBLE_EQ(bound_ratio(100, 0), 0.0);
+}
+
+}  // namespace
+}  // namespace comet::core
