@@ -95,7 +95,7 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
   struct Kernel {
     std::map<int, int> tiles;  // id -> times seen
     int64_t items = 0, begin = INT64_MAX, end = 0;
-    std::map<int, int64_t> last_tile_end;  // block -> end
+    std::map<int, int64_t> last_tile_begin;  // block -> begin of its last tile
   };
   std::map<std::pair<int, int>, Kernel> kernels;
   for (const TraceEvent& e : t.events) {
@@ -114,7 +114,7 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
       ++k.tiles[e.id];
       EXPECT_EQ(e.lane, nc + e.id % (grid - nc)) << "tile " << e.id << " ran on another block";
       EXPECT_EQ(e.sublane, 4);  // consumer thread 0
-      k.last_tile_end[e.lane] = std::max(k.last_tile_end[e.lane], e.end_ns);
+      k.last_tile_begin[e.lane] = std::max(k.last_tile_begin[e.lane], e.begin_ns);
     }
   }
   for (const TraceEvent& e : t.events) {
@@ -131,11 +131,11 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
       } else if (!comm_block) {
         // A GEMM block's consumer warps join the combine once the block's tiles are done.
         EXPECT_GE(e.sublane, 4) << "layer1 communication on a GEMM block's producer warp";
-        // Thread 0 reads the timer for the last tile after the barrier that lets the other
-        // warps go: allow a few timer ticks.
-        const auto last = k.last_tile_end.find(e.lane);
-        if (last != k.last_tile_end.end())
-          EXPECT_GE(e.begin_ns + 2000, last->second) << "joined before its tiles were done: " << event_summary(e);
+        // Its last tile's end is read by thread 0 after the barrier that lets the other warps
+        // go, so only the tile's begin (read before that barrier) orders against the join.
+        const auto last = k.last_tile_begin.find(e.lane);
+        if (last != k.last_tile_begin.end())
+          EXPECT_GE(e.begin_ns, last->second) << "joined before its tiles were done: " << event_summary(e);
       }
     }
     if (e.kind == TraceKind::kWait && e.layer == 0) {
