@@ -53,13 +53,14 @@ struct Inputs {
   }
 };
 
-std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, const fabric::Fabric& f, int tokens, uint64_t seed) {
+std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, const fabric::Fabric& f, int tokens, const RoutingSpec& spec,
+                                    uint64_t seed) {
   auto in = std::make_unique<Inputs>();
   const int H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
   int device = 0;
   COMET_CUDA_CHECK(cudaGetDevice(&device));
   for (int r = 0; r < c.layout.world; ++r) {
-    const Routing rt = generate_routing(RoutingSpec{}, tokens, c.model.routed_experts(), K, seed, r);
+    const Routing rt = generate_routing(spec, tokens, c.model.routed_experts(), K, seed, r);
     in->routing.push_back(rt);
     if (!f.is_local(r)) continue;
     COMET_CUDA_CHECK(cudaSetDevice(f.device_of(r)));
@@ -223,112 +224,131 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     if (const std::optional<ProcessEnv> env = read_process_env()) COMET_CUDA_CHECK(cudaSetDevice(env->local_rank));
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Workloads: layout-major, then model, tokens per rank and routing.
+  struct Workload {
+    int ep, tp;
+    std::string name;
+    int tokens;
+    RoutingSpec routing;
+  };
+  std::vector<Workload> workloads;
+  const std::vector<std::pair<int, int>> layouts =
+      o.layouts.empty() ? std::vector<std::pair<int, int>>{{o.ep, o.tp}} : o.layouts;
+  for (const auto& [ep, tp] : layouts)
+    for (const std::string& name : models)
+      for (int tokens : o.tokens)
+        for (const RoutingSpec& routing : o.routings) workloads.push_back({ep, tp, name, tokens, routing});
   const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size());
-  const int total = int(models.size() * o.tokens.size()) * combos;
+  const int total = int(workloads.size()) * combos;
   int done = 0;
-  for (const std::string& name : models)
-    for (int tokens : o.tokens) {
-      LayerConfig c;
-      c.model = ModelPresets::get(name);
-      c.layout = {o.ep * o.tp, o.ep, o.tp};
-      c.max_tokens_per_rank = tokens;
-      auto fabric = fabric::make_fabric(o.fabric, c.layout.world);
-      MoeLayer layer(c, *fabric);
-      layer.set_random_weights(o.seed);
-      layer.set_tuning_table(o.tuning);
-      const std::unique_ptr<Inputs> in = make_inputs(c, *fabric, tokens, o.seed);
-      // Bytes between ranks and the lower bound, from the same routing on the host.
-      const DispatchPlan plan(c, in->routing);
-      const double remote_bytes = total_link_bytes(c, plan);
-      const GpuSpec gpu = bound_spec(o.link);
-      const LayerCost cost = layer_cost(c, plan, gpu);
-      // The unfused output once per workload: every fused variant must equal it bitwise.
-      LayerOptions unfused;
-      unfused.link = o.link;
-      layer.set_options(unfused);
-      layer.forward(in->tensors, stream);
-      layer.check(stream);
-      const std::vector<uint16_t> want = download_all_y(c, *in, tokens);
-      // The baselines once per workload, verified against the same output; every row of the
-      // sweep starts from their fields.
-      LayerBenchRow baseline_row;
-      Baselines base;
-      if (o.baselines)
-        prepare_baselines(c, o, *in, tokens, want, stream, baseline_row, base);
-      for (int n0 : o.n_comm0)
-        for (int n1 : o.n_comm1)
-          for (int group : o.layer0_group_m) {
-            if (progress) progress(done, total, name + " T=" + std::to_string(tokens));
-            LayerOptions fused;
-            fused.link = o.link;
-            fused.fused = true;
-            fused.n_comm0 = n0;
-            fused.n_comm1 = n1;
-            fused.layer0_group_m = group;
-            layer.set_options(fused);
-            LayerBenchRow row = baseline_row;
-            row.model = name;
-            row.fabric = o.fabric;
-            row.rank = fabric->first_local_rank();
-            row.tokens = tokens;
-            row.world = c.layout.world;
-            row.ep = o.ep;
-            row.tp = o.tp;
-            row.n_comm0 = layer.n_comm().n_comm0;
-            row.n_comm1 = layer.n_comm().n_comm1;
-            row.layer0_group_m = group;
-            row.n_comm_source = layer.n_comm().source;
-            layer.forward(in->tensors, stream);
-            layer.check(stream);
-            row.fused_equals_unfused = download_all_y(c, *in, tokens) == want;
+  for (const Workload& w : workloads) {
+    const std::string& name = w.name;
+    const int tokens = w.tokens;
+    LayerConfig c;
+    c.model = ModelPresets::get(name);
+    c.layout = {w.ep * w.tp, w.ep, w.tp};
+    c.max_tokens_per_rank = tokens;
+    auto fabric = fabric::make_fabric(o.fabric, c.layout.world);
+    MoeLayer layer(c, *fabric);
+    layer.set_random_weights(o.seed);
+    layer.set_tuning_table(o.tuning);
+    const std::unique_ptr<Inputs> in = make_inputs(c, *fabric, tokens, w.routing, o.seed);
+    // Bytes between ranks and the lower bound, from the same routing on the host.
+    const DispatchPlan plan(c, in->routing);
+    const double remote_bytes = total_link_bytes(c, plan);
+    const GpuSpec gpu = bound_spec(o.link);
+    const LayerCost cost = layer_cost(c, plan, gpu);
+    // The unfused output once per workload: every fused variant must equal it bitwise.
+    LayerOptions unfused;
+    unfused.link = o.link;
+    layer.set_options(unfused);
+    layer.forward(in->tensors, stream);
+    layer.check(stream);
+    const std::vector<uint16_t> want = download_all_y(c, *in, tokens);
+    // The baselines once per workload, verified against the same output; every row of the
+    // sweep starts from their fields.
+    LayerBenchRow baseline_row;
+    Baselines base;
+    if (o.baselines)
+      prepare_baselines(c, o, *in, tokens, want, stream, baseline_row, base);
+    for (int n0 : o.n_comm0)
+      for (int n1 : o.n_comm1)
+        for (int group : o.layer0_group_m) {
+          if (progress)
+            progress(done, total,
+                     name + " T=" + std::to_string(tokens) + " EPxTP=" + std::to_string(w.ep) + "x" +
+                         std::to_string(w.tp) + " routing " + w.routing.describe());
+          LayerOptions fused;
+          fused.link = o.link;
+          fused.fused = true;
+          fused.n_comm0 = n0;
+          fused.n_comm1 = n1;
+          fused.layer0_group_m = group;
+          layer.set_options(fused);
+          LayerBenchRow row = baseline_row;
+          row.model = name;
+          row.fabric = o.fabric;
+          row.rank = fabric->first_local_rank();
+          row.tokens = tokens;
+          row.world = c.layout.world;
+          row.ep = w.ep;
+          row.tp = w.tp;
+          row.routing = w.routing.describe();
+          row.n_comm0 = layer.n_comm().n_comm0;
+          row.n_comm1 = layer.n_comm().n_comm1;
+          row.layer0_group_m = group;
+          row.n_comm_source = layer.n_comm().source;
+          layer.forward(in->tensors, stream);
+          layer.check(stream);
+          row.fused_equals_unfused = download_all_y(c, *in, tokens) == want;
 
-            std::vector<Variant> variants = {
-                {"fused", [&](cudaStream_t st) { layer.set_options(fused); layer.forward(in->tensors, st); }},
-                {"unfused", [&](cudaStream_t st) { layer.set_options(unfused); layer.forward(in->tensors, st); }},
-                {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
-                {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
-                {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
-            };
-            if (base.layer) {
-              variants.push_back({"sequential", [&](cudaStream_t st) {
-                                    base.layer->set_options(with_link(sequential_baseline(base.gemm), o.link));
+          std::vector<Variant> variants = {
+              {"fused", [&](cudaStream_t st) { layer.set_options(fused); layer.forward(in->tensors, st); }},
+              {"unfused", [&](cudaStream_t st) { layer.set_options(unfused); layer.forward(in->tensors, st); }},
+              {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
+              {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
+              {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
+          };
+          if (base.layer) {
+            variants.push_back({"sequential", [&](cudaStream_t st) {
+                                  base.layer->set_options(with_link(sequential_baseline(base.gemm), o.link));
+                                  base.layer->forward(in->tensors, st);
+                                }});
+            for (int chunks : o.chunks)
+              variants.push_back({"chunked", [&, chunks](cudaStream_t st) {
+                                    base.layer->set_options(with_link(chunked_baseline(chunks, base.gemm), o.link));
                                     base.layer->forward(in->tensors, st);
                                   }});
-              for (int chunks : o.chunks)
-                variants.push_back({"chunked", [&, chunks](cudaStream_t st) {
-                                      base.layer->set_options(with_link(chunked_baseline(chunks, base.gemm), o.link));
-                                      base.layer->forward(in->tensors, st);
-                                    }});
-            }
-            const std::vector<double> us = time_variants(o, variants, stream, o.iters, o.warmup_ms);
-            layer.check(stream);
-            row.fused_us = us[0];
-            row.unfused_us = us[1];
-            row.compute_us = us[2];
-            row.comm_us = us[3];
-            row.plan_us = us[4];
-            if (base.layer) {
-              row.sequential_us = us[5];
-              for (size_t i = 0; i < o.chunks.size(); ++i)
-                if (row.chunked_chunks == 0 || us[6 + i] < row.chunked_us) {
-                  row.chunked_us = us[6 + i];
-                  row.chunked_chunks = o.chunks[i];
-                }
-            }
-            if (!o.trace_path.empty()) trace_row(layer, fused, *in, c, o, total > 1, want, row, stream);
-            // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
-            row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
-            row.link = o.link;
-            row.remote_bytes = remote_bytes;
-            row.ranks_take_turns = o.fabric == "loopback";
-            row.lower_bound_us = row.ranks_take_turns ? cost.serial_lower_bound_us : cost.lower_bound_us;
-            row.bound_by = cost.bound_by;
-            row.bound_gpu = gpu.name;
-            row.bound_link_gbps = gpu.link_gbps;
-            rows.push_back(row);
-            ++done;
           }
-    }
+          const std::vector<double> us = time_variants(o, variants, stream, o.iters, o.warmup_ms);
+          layer.check(stream);
+          row.fused_us = us[0];
+          row.unfused_us = us[1];
+          row.compute_us = us[2];
+          row.comm_us = us[3];
+          row.plan_us = us[4];
+          if (base.layer) {
+            row.sequential_us = us[5];
+            for (size_t i = 0; i < o.chunks.size(); ++i)
+              if (row.chunked_chunks == 0 || us[6 + i] < row.chunked_us) {
+                row.chunked_us = us[6 + i];
+                row.chunked_chunks = o.chunks[i];
+              }
+          }
+          if (!o.trace_path.empty()) trace_row(layer, fused, *in, c, o, total > 1, want, row, stream);
+          // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
+          row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
+          row.link = o.link;
+          row.remote_bytes = remote_bytes;
+          row.ranks_take_turns = o.fabric == "loopback";
+          row.lower_bound_us = row.ranks_take_turns ? cost.serial_lower_bound_us : cost.lower_bound_us;
+          row.bound_by = cost.bound_by;
+          row.bound_gpu = gpu.name;
+          row.bound_link_gbps = gpu.link_gbps;
+          rows.push_back(row);
+          ++done;
+        }
+  }
   if (progress) progress(done, total, "done");
   cudaStreamDestroy(stream);
   return rows;

@@ -15,9 +15,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comet/link_emulation.h"
+#include "comet/routing.h"
 #include "comet/tuning.h"
 
 namespace comet::bench {
@@ -25,7 +27,9 @@ namespace comet::bench {
 struct LayerBenchOptions {
   std::vector<std::string> models;             // empty: every preset
   std::vector<int> tokens{1024, 4096, 8192};   // tokens per rank
-  int ep = 8, tp = 1;                          // W = ep * tp virtual ranks
+  int ep = 8, tp = 1;                          // W = ep * tp ranks
+  std::vector<std::pair<int, int>> layouts;    // (EP, TP) swept; empty: {(ep, tp)}
+  std::vector<RoutingSpec> routings{RoutingSpec{}};  // routing generators swept (default uniform)
   // Each list is swept (every combination is one row); 0: MoeLayer chooses (tuning table or
   // cost model for n_comm, its default for the raster group).
   std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0};
@@ -51,6 +55,7 @@ struct LayerBenchOptions {
 
 struct LayerBenchRow {
   std::string model;
+  std::string routing;  // RoutingSpec::describe()
   std::string fabric;  // LayerBenchOptions::fabric
   int rank = 0;        // the rank whose stream was timed (nccl: this process's)
   int tokens = 0, world = 0, ep = 0, tp = 0;

@@ -29,11 +29,13 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
   const auto workload = [&os](const LayerBenchRow& r) {
     const std::string layout = std::to_string(r.world) + "(" + std::to_string(r.ep) + "x" + std::to_string(r.tp) + ")";
     const std::string n_comm = std::to_string(r.n_comm0) + "/" + std::to_string(r.n_comm1);
-    os << std::left << std::setw(16) << r.model << std::right << std::setw(6) << r.tokens << std::setw(10) << layout
-       << std::setw(9) << n_comm << std::setw(5) << (r.layer0_group_m > 0 ? std::to_string(r.layer0_group_m) : "auto");
+    os << std::left << std::setw(16) << r.model << std::setw(15) << r.routing << std::right << std::setw(6) << r.tokens
+       << std::setw(10) << layout << std::setw(9) << n_comm << std::setw(5)
+       << (r.layer0_group_m > 0 ? std::to_string(r.layer0_group_m) : "auto");
   };
   const auto workload_header = [&os] {
-    os << std::left << std::setw(16) << "model" << std::right << std::setw(6) << "T" << std::setw(10) << "W(EPxTP)"
+    os << std::left << std::setw(16) << "model" << std::setw(15) << "routing" << std::right << std::setw(6) << "T"
+       << std::setw(10) << "W(EPxTP)"
        << std::setw(9) << "n_comm" << std::setw(5) << "gm0";
   };
   // Times.
@@ -93,7 +95,7 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
 std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& r : rows) {
-    nlohmann::json row = {{"model", r.model}, {"fabric", r.fabric}, {"timed_rank", r.rank},
+    nlohmann::json row = {{"model", r.model}, {"routing", r.routing}, {"fabric", r.fabric}, {"timed_rank", r.rank},
                           {"tokens_per_rank", r.tokens}, {"world", r.world}, {"ep", r.ep},
                           {"tp", r.tp}, {"n_comm0", r.n_comm0}, {"n_comm1", r.n_comm1},
                           {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"flop", r.flop}, {"fused_us", r.fused_us},

@@ -6,13 +6,17 @@
 // Prints a config header, a progress line per workload on stderr, then the table (or JSON).
 // Exit code 1 when any verification against cuBLAS's output failed, so a benchmark never
 // hides a wrong result.
+#include <algorithm>
 #include <cstdlib>
+#include <limits>
+#include <utility>
 #include <iostream>
 
 #include "commands.h"
 #include "io/trace_writers.h"
 #include "io/tuning_json.h"
 #include "comet/config.h"
+#include "comet/routing.h"
 
 #ifdef COMET_HAVE_CUDA
 #include "bench/gemm_bench.h"
@@ -40,6 +44,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   l->add_option("--tokens", lo.tokens, "tokens per rank, comma separated")->delimiter(',');
   l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
   l->add_option("--tp", lo.tp, "tensor-parallel ranks")->check(CLI::PositiveNumber);
+  l->add_option("--layouts", lo.layouts, "(EP, TP) layouts swept instead of --ep/--tp, comma separated EPxTP (8x1,4x2,...)")
+      ->delimiter(',');
+  l->add_option("--routing", lo.routings,
+                "routing generators swept, comma separated: uniform, zipf:S, imbalance:STD (default uniform)")
+      ->delimiter(',');
   l->add_option("--n-comm0", lo.n_comm0, "layer0 communication blocks, comma separated list swept (0: tuning table or cost model)")
       ->delimiter(',')->check(CLI::NonNegativeNumber);
   l->add_option("--n-comm1", lo.n_comm1, "layer1 communication blocks, comma separated list swept (0: tuning table or cost model)")
@@ -101,10 +110,55 @@ LinkEmulation parse_emulate_link_option(const std::string& value) {
   }
 }
 
+namespace {
+
+// "EPxTP" entries of --layouts; UsageError naming a malformed one.
+std::vector<std::pair<int, int>> parse_layouts(const std::vector<std::string>& texts) {
+  std::vector<std::pair<int, int>> out;
+  for (const std::string& t : texts) {
+    const size_t x = t.find('x');
+    int ep = 0, tp = 0;
+    size_t used_ep = 0, used_tp = 0;
+    try {
+      if (x != std::string::npos) {
+        ep = std::stoi(t.substr(0, x), &used_ep);
+        tp = std::stoi(t.substr(x + 1), &used_tp);
+      }
+    } catch (const std::exception&) {
+      ep = tp = 0;
+    }
+    if (x == std::string::npos || used_ep != x || used_tp != t.size() - x - 1 || ep < 1 || tp < 1)
+      throw UsageError("--layouts: \"" + t + "\" is not EPxTP with positive EP and TP (e.g. 4x2)");
+    out.emplace_back(ep, tp);
+  }
+  return out;
+}
+
+std::vector<RoutingSpec> parse_routings(const std::vector<std::string>& texts) {
+  std::vector<RoutingSpec> out;
+  for (const std::string& t : texts) {
+    try {
+      out.push_back(parse_routing_spec(t));
+    } catch (const Error& e) {
+      throw UsageError(std::string("--routing: ") + user_message(e.what()));
+    }
+  }
+  if (out.empty()) out.push_back(RoutingSpec{});
+  return out;
+}
+
+}  // namespace
+
 int bench_layer_command(const BenchLayerOptions& o) {
   check_output_path(o.trace, "--trace");
+  const std::vector<std::pair<int, int>> layouts = parse_layouts(o.layouts);
+  const std::vector<RoutingSpec> routings = parse_routings(o.routings);
+  int min_world = layouts.empty() ? o.ep * o.tp : std::numeric_limits<int>::max();
+  for (const auto& [ep, tp] : layouts) min_world = std::min(min_world, ep * tp);
   for (int r : o.trace_ranks)
-    if (r >= o.ep * o.tp) throw UsageError("--trace-ranks: rank " + std::to_string(r) + " is not one of the W ranks");
+    if (r >= min_world)
+      throw UsageError("--trace-ranks: rank " + std::to_string(r) + " is not one of the W ranks (W = " +
+                       std::to_string(min_world) + ")");
   const LinkEmulation link = parse_emulate_link_option(o.emulate_link);
   if (link.on() && o.fabric != "loopback")
     throw UsageError("--emulate-link stands for a node of GPUs on one GPU (loopback fabric); with --fabric " + o.fabric +
@@ -116,6 +170,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.tokens = o.tokens;
   lo.ep = o.ep;
   lo.tp = o.tp;
+  lo.layouts = layouts;
+  lo.routings = routings;
   lo.n_comm0 = o.n_comm0;
   lo.n_comm1 = o.n_comm1;
   lo.layer0_group_m = o.layer0_group_m;
@@ -137,8 +193,12 @@ int bench_layer_command(const BenchLayerOptions& o) {
                             : o.fabric == "local"  ? "ranks, one GPU each, one process (local fabric)"
                                                    : "ranks, one GPU and process each (nccl fabric; rank 0 timed)";
   if (!quiet)
-    std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP "
-              << o.ep << " x TP " << o.tp << " " << ranks << ", full-size presets, uniform routing, "
+    std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), "
+              << (layouts.empty() ? "W " + std::to_string(o.ep * o.tp) + " = EP " + std::to_string(o.ep) + " x TP " +
+                                        std::to_string(o.tp)
+                                  : std::to_string(layouts.size()) + " (EP, TP) layouts")
+              << " " << ranks
+              << ", full-size presets, " << (o.routings.empty() ? "uniform routing" : "routing swept (--routing)") << ", "
               << "median of " << o.iters << " interleaved runs"
               << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "; " << link.describe() << "\n";
   const auto rows = bench::run_layer_bench(lo, [quiet, &link](int done, int total, const std::string& what) {

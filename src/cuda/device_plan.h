@@ -20,10 +20,13 @@
 //   m_tile_rows    [MT]           rows of M tile i (the layer0 signal's expected count)
 //   m_tile_last    [MT]           largest ring position among its rows
 //   layer0_order   [MT]           M tiles in run order (by last ring position, stable)
-//   counts         [2]            {number of M tiles, rows_on_rank}
+//   counts         [3]            {number of M tiles, rows_on_rank, plan accepted (1) or refused (0)}
 //   tiles0         GemmTile [MT * NB0]   layer0 GEMM schedule (grouped raster over layer0_order)
 //   tiles1         GemmTile [MT * NB1]   layer1 GEMM schedule (column-block groups)
 //   num_tiles      [2]            {tiles0 length, tiles1 length}
+//   chunk_row_base [W * C * E/EP] first A row of chunk c of ring position p for each expert
+//                                 (C = ceil(Tm / 1024) token chunks per source; plan scratch)
+//   chunk_slot_base [W * C]       first received slot of chunk c of ring position p (scratch)
 #pragma once
 
 #include <cstdint>
@@ -54,6 +57,8 @@ struct DevicePlanView {
   GemmTile* tiles0;
   GemmTile* tiles1;
   int32_t* num_tiles;
+  int32_t* chunk_row_base;
+  int32_t* chunk_slot_base;
 };
 
 // Sizes of the plan buffers of one rank for `config` (block_m must be kGemmBlockM).
@@ -97,10 +102,12 @@ struct DevicePlanArgs {
   unsigned* combine_claims = nullptr;  // optional: zeroed for this call's fused layer1
 };
 
-// Launches the plan kernel of one rank (one block, asynchronous on `stream`).
+// Launches the plan kernels of one rank (asynchronous on `stream`): one block counts rows per
+// (source, token chunk, expert) and lays out segments, tiles and send positions; then one block
+// per (source, chunk) places that chunk's tokens and rows, in parallel.
 void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream);
-// The plans of `count` ranks of one device, one block each, several per launch (the ranks'
-// plans are independent: each only reads the published routing).
+// The plans of `count` ranks of one device, several per launch (the ranks' plans are
+// independent: each only reads the published routing).
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream);
 
 }  // namespace comet::cuda
