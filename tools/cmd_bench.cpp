@@ -13,6 +13,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "progress.h"
 #include "io/trace_writers.h"
 #include "io/tuning_json.h"
 #include "comet/config.h"
@@ -201,8 +202,9 @@ int bench_layer_command(const BenchLayerOptions& o) {
               << ", full-size presets, " << (o.routings.empty() ? "uniform routing" : "routing swept (--routing)") << ", "
               << "median of " << o.iters << " interleaved runs"
               << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "; " << link.describe() << "\n";
-  const auto rows = bench::run_layer_bench(lo, [quiet, &link](int done, int total, const std::string& what) {
-    if (!quiet) std::cerr << "[" << done << "/" << total << "] " << what << (link.on() ? "; " + link.describe() : "") << "\n";
+  ProgressBar bar(std::cerr, !quiet);
+  const auto rows = bench::run_layer_bench(lo, [&bar, &link](int done, int total, const std::string& what) {
+    bar(done, total, what + (link.on() ? "; " + link.describe() : ""));
   });
   if (!quiet) {
     if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";

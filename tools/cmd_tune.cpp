@@ -2,7 +2,6 @@
 // virtual ranks, Loopback fabric) and writes the fastest pair of each workload into a tuning
 // table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md).
 //   comet tune --models mixtral-8x7b --tokens 1024,4096 --out tuning/nvidia-h200.json
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -10,6 +9,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "progress.h"
 #include "comet/config.h"
 #include "comet/error.h"
 #include "comet/tuning.h"
@@ -58,15 +58,8 @@ int tune_command(const TuneOptions& o) {
   std::cerr << "comet tune: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP " << o.ep
             << " x TP " << o.tp << " virtual ranks (loopback fabric), " << o.n_comm0.size() * o.n_comm1.size()
             << " candidates per workload, median of " << o.iters << "\n";
-  const auto start = std::chrono::steady_clock::now();
-  const auto rows = bench::run_layer_bench(lo, [&](int done, int total, const std::string& what) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const int width = 30, filled = total > 0 ? width * done / total : width;
-    std::cerr << "\r[" << std::string(filled, '#') << std::string(width - filled, ' ') << "] " << done << "/" << total
-              << "  " << what;
-    if (done > 0) std::cerr << "  ETA " << int(std::lround(elapsed / done * (total - done))) << " s";
-    std::cerr << "        " << (done == total ? "\n" : "") << std::flush;
-  });
+  ProgressBar bar(std::cerr, true);
+  const auto rows = bench::run_layer_bench(lo, [&bar](int done, int total, const std::string& what) { bar(done, total, what); });
 
   std::vector<TuneSample> samples;
   for (const auto& r : rows) {
