@@ -12,8 +12,12 @@
 //   each expert at most once per token) and fp32 weights; num_tokens is one int32 in device
 //   memory, so token counts and routing may change between calls (and between replays of a
 //   captured CUDA graph) without host synchronization. The host never reads them.
+// - forward() takes one RankTensors per rank this process drives (fabric.num_local_ranks():
+//   every rank on Loopback and Local, the process's own rank on Nccl), in rank order.
 // - `stream` belongs to the current device. With ranks on several GPUs of this process (Local
-//   fabric) forward() forks to one internal stream per rank and joins back into `stream`.
+//   fabric) forward() forks to one internal stream per rank and joins back into `stream`; ranks
+//   on several GPUs or processes meet in two device-side barriers per call
+//   (docs/gpu_layer.md, "Ranks on several GPUs"). Every process must call forward() as often.
 // - forward() is asynchronous on `stream` and never synchronizes; a device-side problem (bad
 //   token count or expert id, a timeout) is recorded and reported by check().
 // - config.tiles is replaced by the GPU kernels' tile shapes (block_m = 128).
