@@ -253,6 +253,10 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     layer.set_random_weights(o.seed);
     layer.set_tuning_table(o.tuning);
     const std::unique_ptr<Inputs> in = make_inputs(c, *fabric, tokens, w.routing, o.seed);
+    // The timed forwards alternate between `in` and a second input set (same generator, next
+    // seed): no iteration finds its inputs left in L2 by the previous one. Every check uses `in`.
+    const std::unique_ptr<Inputs> alt = make_inputs(c, *fabric, tokens, w.routing, o.seed + 1);
+    const std::vector<const Inputs*> rotation{in.get(), alt.get()};
     // Bytes between ranks and the lower bound, from the same routing on the host.
     const DispatchPlan plan(c, in->routing);
     const double remote_bytes = total_link_bytes(c, plan);
@@ -303,21 +307,29 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.fused_equals_unfused = download_all_y(c, *in, tokens) == want;
 
           std::vector<Variant> variants = {
-              {"fused", [&](cudaStream_t st) { layer.set_options(fused); layer.forward(in->tensors, st); }},
-              {"unfused", [&](cudaStream_t st) { layer.set_options(unfused); layer.forward(in->tensors, st); }},
+              {"fused",
+               [&, turn = size_t(0)](cudaStream_t st) mutable {
+                 layer.set_options(fused);
+                 layer.forward(rotation[turn++ % rotation.size()]->tensors, st);
+               }},
+              {"unfused",
+               [&, turn = size_t(0)](cudaStream_t st) mutable {
+                 layer.set_options(unfused);
+                 layer.forward(rotation[turn++ % rotation.size()]->tensors, st);
+               }},
               {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
               {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
               {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
           };
           if (base.layer) {
-            variants.push_back({"sequential", [&](cudaStream_t st) {
+            variants.push_back({"sequential", [&, turn = size_t(0)](cudaStream_t st) mutable {
                                   base.layer->set_options(with_link(sequential_baseline(base.gemm), o.link));
-                                  base.layer->forward(in->tensors, st);
+                                  base.layer->forward(rotation[turn++ % rotation.size()]->tensors, st);
                                 }});
             for (int chunks : o.chunks)
-              variants.push_back({"chunked", [&, chunks](cudaStream_t st) {
+              variants.push_back({"chunked", [&, chunks, turn = size_t(0)](cudaStream_t st) mutable {
                                     base.layer->set_options(with_link(chunked_baseline(chunks, base.gemm), o.link));
-                                    base.layer->forward(in->tensors, st);
+                                    base.layer->forward(rotation[turn++ % rotation.size()]->tensors, st);
                                   }});
           }
           const std::vector<double> us = time_variants(o, variants, stream, o.iters, o.warmup_ms);

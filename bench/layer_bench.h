@@ -1,13 +1,14 @@
-// bench/layer_bench.h: `comet bench layer`: one MoE layer forward at full size on one GPU, W
-// virtual ranks (Loopback fabric), every rank's work on one stream: the fused Comet kernels,
-// the unfused pipeline, the two grouped GEMMs alone (compute-only: data in place, no waits) and
-// the dispatch + combine copies alone (communication-only). On one GPU communication is a local
+// bench/layer_bench.h: `comet bench layer`: one MoE layer forward at full size, W ranks on the
+// chosen fabric (W virtual ranks on one GPU by default): the fused Comet kernels, the unfused
+// pipeline, the two grouped GEMMs alone (compute-only: data in place, no waits) and the
+// dispatch + combine copies alone (communication-only). On one GPU communication is a local
 // copy, so fused / compute-only measures what communication blocks, waits and signals cost on
 // top of pure compute. With baselines on (the default), the same run also times the two
-// baselines of DESIGN §6 (comet/baseline.h, docs/baselines.md) on their own Loopback fabric with
+// baselines of DESIGN §6 (comet/baseline.h, docs/baselines.md) on the same kind of fabric with
 // MoeLayer's weights and the same inputs: sequential (Megatron-style) and chunk-pipelined
 // (FasterMoE/Tutel-style, the fastest of `chunks`), each verified against the unfused output
 // first; the cuBLAS variant (per-expert loop or grouped) is the faster of a short timing.
+// Timed forwards alternate between two input sets (the checks use the first).
 // With `link` on, every inter-rank copy of Comet and the baselines is paced to that emulated
 // link (docs/link_emulation.md), so the ratios approximate a node of real GPUs.
 #pragma once
