@@ -320,6 +320,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
               {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
               {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
               {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
+              {"fused-gemms", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kFusedGemms, st); }},
           };
           if (base.layer) {
             variants.push_back({"sequential", [&, turn = size_t(0)](cudaStream_t st) mutable {
@@ -339,11 +340,13 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.compute_us = us[2];
           row.comm_us = us[3];
           row.plan_us = us[4];
+          row.fused_gemms_us = us[5];
+          constexpr size_t kBaselineVariants = 6;  // the baselines follow the six variants above
           if (base.layer) {
-            row.sequential_us = us[5];
+            row.sequential_us = us[kBaselineVariants];
             for (size_t i = 0; i < o.chunks.size(); ++i)
-              if (row.chunked_chunks == 0 || us[6 + i] < row.chunked_us) {
-                row.chunked_us = us[6 + i];
+              if (row.chunked_chunks == 0 || us[kBaselineVariants + 1 + i] < row.chunked_us) {
+                row.chunked_us = us[kBaselineVariants + 1 + i];
                 row.chunked_chunks = o.chunks[i];
               }
           }

@@ -65,6 +65,7 @@ struct LayerBenchRow {
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;
   double plan_us = 0;  // the device plan kernels alone (part of every forward)
+  double fused_gemms_us = 0;  // the fused kernels with idle comm blocks and no waits (Part::kFusedGemms)
   bool fused_equals_unfused = false;  // bitwise, all ranks' outputs
   double fused_over_compute() const { return fused_us / compute_us; }
   double fused_tflops() const { return flop / fused_us * 1e-6; }

@@ -41,14 +41,14 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
   // Times.
   workload_header();
   os << std::setw(11) << "fused us" << std::setw(12) << "unfused us" << std::setw(12) << "compute us" << std::setw(10)
-     << "comm us" << std::setw(9) << "plan us" << std::setw(10) << "fused/cmp" << std::setw(9) << "TFLOP/s" << std::setw(10)
+     << "comm us" << std::setw(9) << "plan us" << std::setw(11) << "fgemm us" << std::setw(10) << "fused/cmp" << std::setw(9) << "TFLOP/s" << std::setw(10)
      << "seq us" << std::setw(15) << "chunked us(C)" << std::setw(8) << "vs seq" << std::setw(10) << "vs chunk"
      << "  fused==unfused  baselines ok  link\n";
   for (const auto& r : rows) {
     const bool chunked = r.baselines_run() && r.chunked_chunks > 0;
     workload(r);
     os << std::setw(11) << fixed(r.fused_us, 1) << std::setw(12) << fixed(r.unfused_us, 1)
-       << std::setw(12) << fixed(r.compute_us, 1) << std::setw(10) << fixed(r.comm_us, 1) << std::setw(9) << fixed(r.plan_us, 1) << std::setw(10)
+       << std::setw(12) << fixed(r.compute_us, 1) << std::setw(10) << fixed(r.comm_us, 1) << std::setw(9) << fixed(r.plan_us, 1) << std::setw(11) << fixed(r.fused_gemms_us, 1) << std::setw(10)
        << fixed(r.fused_over_compute(), 3) << std::setw(9) << fixed(r.fused_tflops(), 0) << std::setw(10)
        << (r.baselines_run() ? fixed(r.sequential_us, 1) : "-") << std::setw(15)
        << (chunked ? fixed(r.chunked_us, 1) + "(" + std::to_string(r.chunked_chunks) + ")" : "-") << std::setw(8)
@@ -100,7 +100,7 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
                           {"tp", r.tp}, {"n_comm0", r.n_comm0}, {"n_comm1", r.n_comm1},
                           {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"flop", r.flop}, {"fused_us", r.fused_us},
                           {"unfused_us", r.unfused_us}, {"compute_only_us", r.compute_us},
-                          {"comm_only_us", r.comm_us}, {"plan_us", r.plan_us}, {"fused_over_compute", r.fused_over_compute()},
+                          {"comm_only_us", r.comm_us}, {"plan_us", r.plan_us}, {"fused_gemms_only_us", r.fused_gemms_us}, {"fused_over_compute", r.fused_over_compute()},
                           {"fused_tflops", r.fused_tflops()}, {"fused_equals_unfused", r.fused_equals_unfused},
                           {"link", r.link.describe()}, {"link_gbps", r.link.gbps}, {"link_latency_us", r.link.latency_us},
                           {"remote_bytes", r.remote_bytes}, {"comm_link_gbps", r.comm_link_gbps()},

@@ -102,8 +102,11 @@ class MoeLayer {
   // Benchmarks only: one part of the unfused pipeline on every rank, on the plans and buffers of
   // the last forward() (call it once first). kGemms: the two grouped GEMMs (the compute-only
   // time); kCommunication: the dispatch and combine copy kernels (the communication-only time);
-  // kPlan: every rank's device plan kernel (the metadata cost of a forward).
-  enum class Part { kGemms, kCommunication, kPlan };
+  // kPlan: every rank's device plan kernel (the metadata cost of a forward); kFusedGemms: the
+  // two fused kernels with their communication blocks idle and no waits or signals (data in
+  // place): the grouped GEMMs on the SMs the fused kernels leave them, so that fused minus this
+  // is the cost of moving data inside them, and this minus kGemms the cost of the split.
+  enum class Part { kGemms, kCommunication, kPlan, kFusedGemms };
   void run_part(Part part, CUstream_st* stream);
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
   // Waits for `stream`, then throws comet::Error describing the first recorded device error.

@@ -305,6 +305,16 @@ struct MoeLayer::Impl {
       cuda::run_fused_layer1(g, f, s);
     }
   }
+  // The fused kernels with idle communication blocks and no signals (run_part(kFusedGemms)).
+  void fused_gemms_only(const Rank& k, cudaStream_t s) const {
+    for (int layer = 0; layer < 2; ++layer) {
+      cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOff);
+      f.stall = 1;  // comm blocks return at once; GEMM blocks neither wait nor join the combine
+      const cuda::GroupedGemmArgs g = gemm_args(k, layer);
+      if (layer == 0) cuda::run_fused_layer0(g, f, s);
+      else cuda::run_fused_layer1(g, f, s);
+    }
+  }
   void owner_reduce(const Rank& k, const RankTensors& t, cudaStream_t s) const {
     cuda::OwnerReduceArgs a;
     a.send_pos = k.plan.send_pos;
@@ -618,6 +628,8 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
   m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) {
                if (part == Part::kGemms) {
                  m.gemms(k, s);
+               } else if (part == Part::kFusedGemms) {
+                 m.fused_gemms_only(k, s);
                } else if (part == Part::kPlan) {
                  m.plans(&k, 1, Impl::Signals::kOff, s);
                } else {
