@@ -238,6 +238,35 @@ TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
   }
 }
 
+// The benchmark parts run on the last forward's plans and buffers; none may leave a signal,
+// counter or buffer behind that changes the next forward, fused or not.
+TEST(MoeLayer, BenchmarkPartsLeaveTheNextForwardUnchanged) {
+  COMET_REQUIRE_GPU();
+  const LayerCase lc{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 9};
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  auto fabric = fabric::make_loopback_fabric(4);
+  MoeLayer layer(c, *fabric);
+  layer.set_weights(p.weights);
+  LayerOptions o;
+  o.fused = true;
+  layer.set_options(o);
+  cuda::DeviceProblem d(c, p);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  const auto want = d.download_y();
+  for (MoeLayer::Part part : {MoeLayer::Part::kGemms, MoeLayer::Part::kCommunication, MoeLayer::Part::kPlan,
+                              MoeLayer::Part::kFusedGemms}) {
+    SCOPED_TRACE("part " + std::to_string(int(part)));
+    layer.run_part(part, nullptr);
+    layer.check(nullptr);
+    d.poison_y();
+    layer.forward(d.tensors(), nullptr);
+    layer.check(nullptr);
+    EXPECT_EQ(d.download_y(), want);
+  }
+}
+
 TEST(MoeLayer, RefusesConfigurationsItCannotRun) {
   LayerConfig c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
   c.model.activation = Activation::kGelu;
