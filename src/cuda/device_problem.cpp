@@ -2,6 +2,7 @@
 #include "cuda/device_problem.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "comet/dtype.h"
 #include "cuda/check.h"
@@ -10,16 +11,25 @@
 
 namespace comet::cuda {
 
+// Allocations on the current device at upload() time, freed each on its own device.
 struct DeviceProblem::Buffers {
-  std::vector<void*> owned;
+  std::vector<std::pair<void*, int>> owned;  // pointer, device
   ~Buffers() {
-    for (void* p : owned) cudaFree(p);
+    int saved = 0;
+    cudaGetDevice(&saved);
+    for (const auto& [p, device] : owned) {
+      cudaSetDevice(device);
+      cudaFree(p);
+    }
+    cudaSetDevice(saved);
   }
   template <class T>
   T* upload(const std::vector<T>& host) {
     void* p = nullptr;
+    int device = 0;
+    COMET_CUDA_CHECK(cudaGetDevice(&device));
     COMET_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(host.size(), 1) * sizeof(T)));
-    owned.push_back(p);
+    owned.emplace_back(p, device);
     if (!host.empty()) COMET_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
     return static_cast<T*>(p);
   }

@@ -484,6 +484,8 @@ struct MoeLayer::Impl {
 
   Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(config), plan_layout(config) {}
   ~Impl() {
+    int saved = 0;  // restored below; no throwing guard in a destructor
+    cudaGetDevice(&saved);
     for (Rank& r : ranks) {
       cudaSetDevice(r.device);
       for (void* p : {r.plan_buffer, r.w0, r.w1, static_cast<void*>(r.error), static_cast<void*>(r.count_table),
@@ -498,6 +500,7 @@ struct MoeLayer::Impl {
       cudaEventDestroy(e);
     }
     free_trace();
+    cudaSetDevice(saved);
   }
 };
 
