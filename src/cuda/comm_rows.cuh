@@ -125,6 +125,30 @@ inline constexpr int kCombineClaim = 2;   // items a warp claims at once from th
 inline constexpr int kCombineUnroll = 4;  // 16-byte chunks per lane in flight per row (fp32
                                           // accumulators bound it: 8 per chunk)
 
+// The lane's kCombineUnroll chunks c0 + 32 u + lane (those below c_end) of one bf16 row, added
+// to acc (8 fp32 per chunk) as acc = fma(w, x, acc): every load is issued before the first fma.
+// Combine and owner reduce share it, so both sum in the same arithmetic.
+__device__ __forceinline__ void fma_row_chunks(float* acc, float w, const uint4* src, int c0, int c_end, int lane) {
+  uint4 v[kCombineUnroll];
+#pragma unroll
+  for (int u = 0; u < kCombineUnroll; ++u) {
+    const int c = c0 + 32 * u + lane;
+    if (c < c_end) v[u] = src[c];
+  }
+#pragma unroll
+  for (int u = 0; u < kCombineUnroll; ++u)
+    if (c0 + 32 * u + lane < c_end) fma_chunk(acc + 8 * u, w, v[u]);
+}
+
+// The same chunks of acc, rounded to bf16 once, stored into the row dst.
+__device__ __forceinline__ void store_row_chunks(uint4* dst, const float* acc, int c0, int c_end, int lane) {
+#pragma unroll
+  for (int u = 0; u < kCombineUnroll; ++u) {
+    const int c = c0 + 32 * u + lane;
+    if (c < c_end) dst[c] = to_bf16_chunk(acc + 8 * u);
+  }
+}
+
 __host__ __device__ inline int combine_groups(int num_col_blocks) {
   return (num_col_blocks + kCombineGroupBlocks - 1) / kCombineGroupBlocks;
 }
@@ -192,22 +216,9 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
       for (int q = 0; q < 8 * kCombineUnroll; ++q) acc[q] = 0.f;
       for (int r = 0; r < num_rows; ++r) {
         const uint4* src = out_rows + int64_t(__shfl_sync(~0u, my_row, r)) * chunks;
-        const float w = __shfl_sync(~0u, my_weight, r);
-        uint4 v[kCombineUnroll];
-#pragma unroll
-        for (int u = 0; u < kCombineUnroll; ++u) {
-          const int c = c0 + 32 * u + lane;
-          if (c < c_end) v[u] = src[c];
-        }
-#pragma unroll
-        for (int u = 0; u < kCombineUnroll; ++u)
-          if (c0 + 32 * u + lane < c_end) fma_chunk(acc + 8 * u, w, v[u]);
+        fma_row_chunks(acc, __shfl_sync(~0u, my_weight, r), src, c0, c_end, lane);
       }
-#pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u) {
-        const int c = c0 + 32 * u + lane;
-        if (c < c_end) dst[c] = to_bf16_chunk(acc + 8 * u);
-      }
+      store_row_chunks(dst, acc, c0, c_end, lane);
     }
     link_wait(f.link, sent);
     last_sent = max(last_sent, sent);
@@ -244,22 +255,9 @@ __device__ inline void owner_reduce_rows(const OwnerReduceArgs& a, int warp, int
       for (int d = 0; d < a.world; ++d) {
         const int p = __shfl_sync(~0u, d < 32 ? pos_lo : pos_hi, d % 32);
         if (p < 0) continue;
-        const uint4* src = partials + (int64_t(d) * a.t_max + p) * chunks;
-        uint4 v[kCombineUnroll];
-#pragma unroll
-        for (int u = 0; u < kCombineUnroll; ++u) {
-          const int c = c0 + 32 * u + lane;
-          if (c < chunks) v[u] = src[c];
-        }
-#pragma unroll
-        for (int u = 0; u < kCombineUnroll; ++u)
-          if (c0 + 32 * u + lane < chunks) fma_chunk(acc + 8 * u, 1.f, v[u]);
+        fma_row_chunks(acc, 1.f, partials + (int64_t(d) * a.t_max + p) * chunks, c0, chunks, lane);
       }
-#pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u) {
-        const int c = c0 + 32 * u + lane;
-        if (c < chunks) y[int64_t(t) * chunks + c] = to_bf16_chunk(acc + 8 * u);
-      }
+      store_row_chunks(y + int64_t(t) * chunks, acc, c0, chunks, lane);
     }
   }
 }
