@@ -12,6 +12,7 @@
 #include "fabric/fabric.h"
 #include "gpu_test_util.h"
 #include "layer_cases.h"
+#include "layer_checks.h"
 #include "ref/oracle.h"
 
 namespace comet {
@@ -74,8 +75,7 @@ TEST(MoeLayerLocal, MatchesLoopbackBitwiseAndTheOracle) {
       const auto got = run(c, p, *local, fused);
       auto loopback = fabric::make_loopback_fabric(W, 0);
       EXPECT_EQ(got, run(c, p, *loopback, fused)) << "Local and Loopback differ";
-      const ref::Comparison cmp = ref::compare_outputs(got, ref::oracle_forward(p));
-      EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+      EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(p)));
     }
 }
 
@@ -104,8 +104,7 @@ TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
     d.assign_inputs(cuda::DeviceProblem(c, p, f.get()));
     d.poison_y();
     graph.replay();
-    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
-    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
   }
 }
 
@@ -123,25 +122,7 @@ TEST(MoeLayerLocal, WithheldRankTimesOutNamingItAndRecovers) {
   cuda::DeviceProblem d(c, p, f.get());
   LayerOptions o;
   o.fused = true;
-  o.timeout_s = 0.2;
-  o.stall_rank = W - 1;
-  layer.set_options(o);
-  layer.forward(d.tensors(), nullptr);
-  try {
-    layer.check(nullptr);
-    ADD_FAILURE() << "a withheld rank did not time out";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("rank " + std::to_string(W - 1)), std::string::npos) << m;
-    EXPECT_NE(m.find("layer0"), std::string::npos) << m;
-  }
-  o.stall_rank = -1;
-  o.timeout_s = 5.0;
-  layer.set_options(o);
-  layer.forward(d.tensors(), nullptr);
-  layer.check(nullptr);
-  const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
-  EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+  testing::expect_withheld_rank_times_out_then_recovers(layer, d, p, o, W - 1);
 }
 
 TEST(MoeLayerLocal, RefusesTensorsForTheWrongNumberOfRanks) {

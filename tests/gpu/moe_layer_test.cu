@@ -12,6 +12,7 @@
 #include "fabric/fabric.h"
 #include "gpu_test_util.h"
 #include "layer_cases.h"
+#include "layer_checks.h"
 #include "ref/oracle.h"
 
 namespace comet {
@@ -36,8 +37,7 @@ TEST_P(MoeLayerTest, MatchesTheOracleAndRepeatsBitwise) {
   layer.forward(d.tensors(), nullptr);
   layer.check(nullptr);
   const auto got = d.download_y();
-  const ref::Comparison cmp = ref::compare_outputs(got, want);
-  EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+  EXPECT_TRUE(testing::near_oracle(got, want));
   d.poison_y();
   layer.forward(d.tensors(), nullptr);
   layer.check(nullptr);
@@ -63,8 +63,7 @@ TEST(MoeLayer, NewRoutingAndTokenCountsWithoutReallocation) {
     cuda::DeviceProblem d(c, same_weights);
     layer.forward(d.tensors(), nullptr);
     layer.check(nullptr);
-    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(same_weights));
-    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(same_weights)));
   }
 }
 
@@ -88,8 +87,7 @@ TEST(MoeLayer, GraphReplayWithNewRoutingAndTokenCounts) {
     d.assign_inputs(cuda::DeviceProblem(c, p));  // new inputs, copied into the captured buffers
     d.poison_y();  // every row checked below must come from this replay
     graph.replay();
-    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
-    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
   }
 }
 
@@ -113,8 +111,7 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   d.set_token_count(1, 30);
   layer.forward(d.tensors(), nullptr);
   layer.check(nullptr);
-  const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
-  EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+  EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
 }
 
 // The fused Comet kernels against the unfused pipeline: the same GEMM kernel, tile lists and
@@ -144,8 +141,7 @@ TEST_P(FusedLayerTest, BitwiseEqualToUnfusedForAnyNComm) {
     layer.forward(d.tensors(), nullptr);
     layer.check(nullptr);
     const auto unfused = d.download_y();
-    const ref::Comparison cmp = ref::compare_outputs(unfused, ref::oracle_forward(q));
-    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+    EXPECT_TRUE(testing::near_oracle(unfused, ref::oracle_forward(q)));
     for (auto [n0, n1] : {std::pair{1, 1}, {16, 16}, {64, 8}}) {
       SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
       LayerOptions o;
@@ -215,26 +211,7 @@ TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
     LayerOptions o;
     o.fused = true;
     o.link = link;
-    o.timeout_s = 0.2;
-    o.stall_rank = 2;  // rank 2 never moves its rows: its GEMM waits for tile signals
-    layer.set_options(o);
-    layer.forward(d.tensors(), nullptr);
-    try {
-      layer.check(nullptr);
-      ADD_FAILURE() << "a withheld rank did not time out";
-    } catch (const Error& e) {
-      const std::string m = e.what();
-      EXPECT_NE(m.find("rank 2"), std::string::npos) << m;
-      EXPECT_NE(m.find("layer0"), std::string::npos) << m;
-      EXPECT_NE(m.find("signal"), std::string::npos) << m;
-    }
-    o.stall_rank = -1;
-    o.timeout_s = 5.0;
-    layer.set_options(o);
-    layer.forward(d.tensors(), nullptr);
-    layer.check(nullptr);
-    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), ref::oracle_forward(p));
-    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << cmp.describe();
+    testing::expect_withheld_rank_times_out_then_recovers(layer, d, p, o, 2);
   }
 }
 

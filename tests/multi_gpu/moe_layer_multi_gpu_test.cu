@@ -11,6 +11,7 @@
 #include "comet/problem.h"
 #include "cuda/device_problem.h"
 #include "gpu/captured_forward.h"
+#include "gpu/layer_checks.h"
 #include "multi_gpu/nccl_run.h"
 #include "ref/oracle.h"
 
@@ -83,8 +84,7 @@ TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
         alone.forward(all.tensors(), nullptr);
         alone.check(nullptr);
         EXPECT_EQ(got, all.download_y()[me]) << "call " << call << ": Nccl and Loopback differ";
-        const ref::Comparison cmp = ref::compare_outputs({got}, {ref::oracle_forward(p)[me]});
-        EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << "call " << call << ": " << cmp.describe();
+        EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]})) << "call " << call;
       }
     }
 }
@@ -112,8 +112,7 @@ TEST(MoeLayerNccl, GraphReplay) {
     d.assign_inputs(cuda::DeviceProblem(c, p, &f));
     d.poison_y();
     graph.replay();
-    const ref::Comparison cmp = ref::compare_outputs(d.download_y(), {ref::oracle_forward(p)[me]});
-    EXPECT_TRUE(cmp.within(ref::tolerance_for(DType::kBF16))) << "replay " << replay << ": " << cmp.describe();
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]})) << "replay " << replay;
   }
 }
 

@@ -1,0 +1,53 @@
+// tests/gpu/layer_checks.h: checks shared by the MoeLayer suites of every fabric (Loopback,
+// Local, Nccl).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "comet/error.h"
+#include "comet/layer.h"
+#include "comet/problem.h"
+#include "cuda/device_problem.h"
+#include "ref/oracle.h"
+
+namespace comet::testing {
+
+// `got` (one entry per rank) within the bf16 tolerance of `want` (the fp64 oracle's rows).
+inline ::testing::AssertionResult near_oracle(const std::vector<std::vector<float>>& got,
+                                              const std::vector<std::vector<double>>& want) {
+  const ref::Comparison cmp = ref::compare_outputs(got, want);
+  if (cmp.within(ref::tolerance_for(DType::kBF16))) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << cmp.describe();
+}
+
+// With `options` (fused) and rank `stall_rank`'s communication blocks idle, the forward times
+// out: check() names the rank, layer0 and the signal. The same options without the stall then
+// give the oracle's output: the layer stays usable. `d` holds the inputs of `p` (every local rank).
+inline void expect_withheld_rank_times_out_then_recovers(MoeLayer& layer, cuda::DeviceProblem& d,
+                                                         const MoeProblem& p, LayerOptions options,
+                                                         int stall_rank) {
+  options.timeout_s = 0.2;
+  options.stall_rank = stall_rank;  // its rows never move: its GEMM waits for tile signals
+  layer.set_options(options);
+  layer.forward(d.tensors(), nullptr);
+  try {
+    layer.check(nullptr);
+    ADD_FAILURE() << "a withheld rank did not time out";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("rank " + std::to_string(stall_rank)), std::string::npos) << m;
+    EXPECT_NE(m.find("layer0"), std::string::npos) << m;
+    EXPECT_NE(m.find("signal"), std::string::npos) << m;
+  }
+  options.stall_rank = -1;
+  options.timeout_s = 5.0;
+  layer.set_options(options);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  EXPECT_TRUE(near_oracle(d.download_y(), ref::oracle_forward(p)));
+}
+
+}  // namespace comet::testing
