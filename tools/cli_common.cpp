@@ -234,11 +234,7 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
   if (c.max_tokens_per_rank < 1) throw UsageError("--tokens: at least one rank needs a token");
 
   // Routing.
-  try {
-    w.routing = parse_routing_spec(o.routing);
-  } catch (const Error& e) {
-    throw UsageError("--routing: " + user_message(e.what()));
-  }
+  w.routing = parse_routing_option(o.routing);
   if (!(o.mask_fraction >= 0.0 && o.mask_fraction <= 1.0))
     throw UsageError("--mask-fraction must be within [0, 1], not " + fmt_double(o.mask_fraction));
   w.routing.mask_fraction = o.mask_fraction;
@@ -261,6 +257,14 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
 }
 
 }  // namespace
+
+RoutingSpec parse_routing_option(const std::string& text) {
+  try {
+    return parse_routing_spec(text);
+  } catch (const Error& e) {
+    throw UsageError("--routing: " + user_message(e.what()));
+  }
+}
 
 Workload build_workload(const WorkloadOptions& o, const TileConfig& default_tiles) {
   try {

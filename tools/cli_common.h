@@ -45,6 +45,9 @@ std::string one_line(const std::string& text);
 // the run, not after it. An empty path is no file.
 void check_output_path(const std::string& path, const std::string& option);
 
+// A --routing value (uniform, zipf:S, imbalance:STD); UsageError "--routing: ..." otherwise.
+RoutingSpec parse_routing_option(const std::string& text);
+
 struct WorkloadOptions {
   std::string model = "mixtral-8x7b";
   int hidden = 0;

@@ -137,13 +137,7 @@ std::vector<std::pair<int, int>> parse_layouts(const std::vector<std::string>& t
 
 std::vector<RoutingSpec> parse_routings(const std::vector<std::string>& texts) {
   std::vector<RoutingSpec> out;
-  for (const std::string& t : texts) {
-    try {
-      out.push_back(parse_routing_spec(t));
-    } catch (const Error& e) {
-      throw UsageError(std::string("--routing: ") + user_message(e.what()));
-    }
-  }
+  for (const std::string& t : texts) out.push_back(parse_routing_option(t));
   if (out.empty()) out.push_back(RoutingSpec{});
   return out;
 }
