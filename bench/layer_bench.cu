@@ -322,6 +322,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
               {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
               {"fused-gemms", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kFusedGemms, st); }},
           };
+          const size_t first_baseline = variants.size();
           if (base.layer) {
             variants.push_back({"sequential", [&, turn = size_t(0)](cudaStream_t st) mutable {
                                   base.layer->set_options(with_link(sequential_baseline(base.gemm), o.link));
@@ -341,12 +342,11 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.comm_us = us[3];
           row.plan_us = us[4];
           row.fused_gemms_us = us[5];
-          constexpr size_t kBaselineVariants = 6;  // the baselines follow the six variants above
           if (base.layer) {
-            row.sequential_us = us[kBaselineVariants];
+            row.sequential_us = us[first_baseline];
             for (size_t i = 0; i < o.chunks.size(); ++i)
-              if (row.chunked_chunks == 0 || us[kBaselineVariants + 1 + i] < row.chunked_us) {
-                row.chunked_us = us[kBaselineVariants + 1 + i];
+              if (row.chunked_chunks == 0 || us[first_baseline + 1 + i] < row.chunked_us) {
+                row.chunked_us = us[first_baseline + 1 + i];
                 row.chunked_chunks = o.chunks[i];
               }
           }

@@ -7,8 +7,8 @@
 // Exit code 1 when any verification against cuBLAS's output failed, so a benchmark never
 // hides a wrong result.
 #include <algorithm>
-#include <cstdlib>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <iostream>
 
@@ -18,6 +18,7 @@
 #include "io/tuning_json.h"
 #include "comet/config.h"
 #include "comet/routing.h"
+#include "core/process_env.h"
 
 #ifdef COMET_HAVE_CUDA
 #include "bench/gemm_bench.h"
@@ -179,8 +180,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.fabric = o.fabric;
   lo.link = link;
   // With one process per rank, rank 0 speaks for the run; every rank still fails on a mismatch.
-  const char* rank_env = std::getenv("RANK");
-  const bool quiet = o.fabric == "nccl" && rank_env != nullptr && std::string(rank_env) != "0";
+  const std::optional<ProcessEnv> env = o.fabric == "nccl" ? read_process_env() : std::nullopt;
+  const bool quiet = env && env->rank != 0;
   lo.trace_path = o.trace;
   lo.trace_ranks = o.trace_ranks;
   const cuda::DeviceInfo info = cuda::query_device_info();
