@@ -14,6 +14,7 @@ comet=${1:?usage: bench/paper_grid.sh COMET OUT_DIR [GBPS,LATENCY_US ...]}
 out=${2:?usage: bench/paper_grid.sh COMET OUT_DIR [GBPS,LATENCY_US ...]}
 shift 2
 links=("$@")
+# shellcheck disable=SC2054  # GBPS,LATENCY pairs, commas intended
 if [ ${#links[@]} -eq 0 ]; then links=(450,2 160,2); fi
 mkdir -p "$out"
 status=0
