@@ -118,6 +118,8 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       Device<int32_t> d_rows(E);
       COMET_CUDA_CHECK(cudaMemcpy(d_rows.ptr, rows.data(), E * sizeof(int32_t), cudaMemcpyHostToDevice));
       Device<cuda::DeviceError> error(1);
+      Device<unsigned> claims(1);  // claimed tiles: zero once, every launch leaves it zero
+      COMET_CUDA_CHECK(cudaMemset(claims.ptr, 0, sizeof(unsigned)));
       COMET_CUDA_CHECK(cudaMemset(error.ptr, 0, sizeof(cuda::DeviceError)));
       struct Schedule {
         std::unique_ptr<Device<cuda::GemmTile>> tiles;
@@ -167,8 +169,11 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       for (const Gemm& g : {Gemm{"gemm0+swiglu", g0, s0, a.ptr, w0_concat.ptr, c0.ptr},
                             Gemm{"gemm1", g1, s1, inter.ptr, w1.ptr, c1.ptr}}) {
         cublas.prepare_grouped(g.shapes, g.a, g.b, g.c);
+        cuda::GroupedGemmArgs claimed = g.args;
+        claimed.tile_claims = claims.ptr;
         const std::vector<Variant> variants = {
             {"comet", [&](cudaStream_t st) { cuda::run_grouped_gemm(g.args, st); }},
+            {"comet-claimed", [&](cudaStream_t st) { cuda::run_grouped_gemm(claimed, st); }},
             {"cublas-loop", [&](cudaStream_t st) { cublas.per_expert_loop(g.shapes, g.a, g.b, g.c, st); }},
             {"cublas-grouped", [&](cudaStream_t st) { cublas.grouped(st); }},
         };
@@ -184,8 +189,9 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
         row.flop = 2.0 * total_rows * double(g.shapes.n) * g.shapes.k;
         row.kernel = cuda::gemm_kernel_name(g.args.kernel);
         row.ours_us = us[0];
-        row.cublas_loop_us = us[1];
-        row.cublas_grouped_us = us[2];
+        row.claimed_us = us[1];
+        row.cublas_loop_us = us[2];
+        row.cublas_grouped_us = us[3];
         out.push_back(row);
       }
 

@@ -25,6 +25,7 @@ struct GemmBenchRow {
   double flop = 0;
   std::string kernel;  // the configuration kAuto chose
   double ours_us = 0, cublas_loop_us = 0, cublas_grouped_us = 0;
+  double claimed_us = 0;  // ours with tiles claimed from a counter, as in a layer
   double max_rel_err = 0;  // ours vs cuBLAS on sampled elements
   bool verified = false;
   double ours_tflops() const { return flop / ours_us * 1e-6; }

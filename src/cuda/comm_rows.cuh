@@ -121,7 +121,8 @@ __device__ __forceinline__ uint4 to_bf16_chunk(const float* acc) {
 // blocks together (TileOrder::kColumnBlockMajor), so waiting for the whole group costs little
 // and one item carries enough columns to keep kCopyUnroll chunks per lane in flight.
 inline constexpr int kCombineGroupBlocks = kRasterGroupN;
-inline constexpr int kCombineClaim = 2;   // items a warp claims at once from the work counter
+inline constexpr int kCombineClaim = 8;   // items a warp claims at once from the work counter
+                                          // (one atomic on one address per 8 items)
 inline constexpr int kCombineUnroll = 4;  // 16-byte chunks per lane in flight per row (fp32
                                           // accumulators bound it: 8 per chunk)
 

@@ -5,7 +5,9 @@
 //   layer0  comm blocks pull every received token once from its owner (ring order: own rows
 //           first), write it to each A row it feeds, and release-add 1 per row to its M tile's
 //           counter; the GEMM producer acquire-waits tile_arrivals[m] >= tile_target[m] before
-//           loading A (GEMM0 + SwiGLU, tiles in the layer0 order of the plan)
+//           loading A (GEMM0 + SwiGLU, tiles in the layer0 order of the plan); with tile claims
+//           (GroupedGemmArgs::tile_claims), comm blocks whose copies are done join the GEMM, so
+//           the SMs given to communication are lent, not lost
 //   layer1  GEMM blocks run GEMM1 column-block groups and release-add 1 per stored tile to
 //           col_done[n_block]; comm warps acquire-wait for a column group's blocks, then
 //           pre-reduce each received token's rows over the group's columns (fp32, slot order,

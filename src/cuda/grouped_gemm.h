@@ -14,7 +14,12 @@
 // Schedule: `tiles` holds GemmTile entries in run order (built on the device by
 // build_gemm_tiles, or by the layer's metadata kernel); `num_tiles` is read on the device, so
 // no host synchronization is needed and the launch can be captured in a CUDA graph.
-// Block b of the G GEMM blocks runs tiles b, b+G, b+2G, ...
+// Block b of the G GEMM blocks runs tiles b, b+G, b+2G, ...; or, with `tile_claims` set, each
+// block claims its next tile from that counter in schedule order, which balances blocks whose
+// tiles take different times and lets blocks join late (a fused kernel's communication blocks,
+// cuda/fused_layer.h). The counter must be 0 at launch, and the launch leaves it 0 (the last
+// block to claim resets it), so one zeroed word serves every later launch on the stream. Which
+// block runs a tile never changes a result: tiles are independent.
 //
 // Optional signals: before loading A for a tile, the producer waits until
 // wait_flags[tile.signal] >= wait_targets[tile.signal] (acquire, timeout -> error record).
@@ -58,7 +63,8 @@ struct alignas(16) GemmTile {
 
 // Both orders walk the (M tile, column block) grid in groups so that the ~132 tiles in flight
 // share few A row blocks and few B column blocks (L2 reuse: a wave of 16 M tiles x 8 column
-// blocks reads about half the bytes of 66 x 2, and a quarter of 2 x 66).
+// blocks reads about half the bytes of 66 x 2, and a quarter of 2 x 66; layer1's 33 x 4 is
+// still compute-bound at 800 FLOP per byte of a k-step).
 enum class TileOrder : int32_t {
   // layer0: groups of kRasterGroupM M tiles (expert-major, in schedule order); inside a group,
   // column block outer and M tile inner. Group g completes before group g + 2 starts.
@@ -68,7 +74,11 @@ enum class TileOrder : int32_t {
   kColumnBlockMajor,
 };
 inline constexpr int kRasterGroupM = 16;
-inline constexpr int kRasterGroupN = 8;
+// Also layer1's combine granularity (cuda/comm_rows.cuh): a column group is combined only once
+// GEMM1 stored all of it, so the first group is ready after 1/groups of GEMM1 (with groups of
+// 8, H = 2048 was one group: no combine could start before GEMM1 ended). Groups of 4 are 1024
+// columns, one 16-byte chunk per lane per kCombineUnroll in a combine item.
+inline constexpr int kRasterGroupN = 4;
 
 struct GroupedGemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::kIdentity;
@@ -85,6 +95,7 @@ struct GroupedGemmArgs {
   const uint64_t* wait_flags = nullptr;
   const uint64_t* wait_targets = nullptr;
   uint64_t* done_flags = nullptr;
+  unsigned* tile_claims = nullptr;  // optional: claimed tiles (above); 0 at launch, 0 after
   uint64_t* tile_end_ns = nullptr;  // optional: %globaltimer when each tile was stored
   // Optional timeline (core/kernel_trace.h): slot t = tile t; waits: the producer's wait on
   // tile t's signal (with wait_flags only). Null: not recorded, no cost beyond a null test.

@@ -166,16 +166,22 @@ struct MoeLayer::Impl {
     return options.fused ? kFusedLayer0GroupM : cuda::kRasterGroupM;
   }
   // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
-  // word), one LinkPacer per layer, then the rank barrier's generation (one word). Layer0's pacer
+  // word), the two layers' GEMM tile-claim counters (one word each), one LinkPacer per layer,
+  // then the rank barrier's generation (one word). Layer0's pacer
   // paces the rank's dispatch pulls (its incoming link), layer1's its combine pushes (its
   // outgoing link). Each phase's kernels zero the other phase's pacer, so every phase starts
   // from a zero pacer without a memset (the plan kernel need not run: run_part(kCommunication)
   // is paced too); reset_epochs zeroes both.
   int64_t claims_word() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1; }
-  int64_t epoch_words() const { return claims_word() + 1 + 2 * cuda::kLinkPacerWords + 1; }
+  int64_t epoch_words() const { return claims_word() + 3 + 2 * cuda::kLinkPacerWords + 1; }
   unsigned* combine_claims(const Rank& k) const { return reinterpret_cast<unsigned*>(k.epochs + claims_word()); }
+  // Layer `layer`'s GEMM tile claims (GroupedGemmArgs::tile_claims): zeroed with the epochs,
+  // and every launch leaves it zero.
+  unsigned* tile_claims(const Rank& k, int layer) const {
+    return reinterpret_cast<unsigned*>(k.epochs + claims_word() + 1 + layer);
+  }
   cuda::LinkPacer* link_pacer(const Rank& k, int layer) const {
-    return reinterpret_cast<cuda::LinkPacer*>(k.epochs + claims_word() + 1) + layer;
+    return reinterpret_cast<cuda::LinkPacer*>(k.epochs + claims_word() + 3) + layer;
   }
   uint64_t* barrier_generation(const Rank& k) const { return k.epochs + epoch_words() - 1; }
   char* region(const Rank& k, const char* name) const {
@@ -277,9 +283,14 @@ struct MoeLayer::Impl {
     dispatch_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 0, Signals::kOff));
     COMET_CUDA_CHECK_LAUNCH();
   }
+  // The unfused GEMMs claim tiles like the fused kernels' (so compute-only measures the same
+  // scheduling).
   void gemms(const Rank& k, cudaStream_t s) const {
-    cuda::run_grouped_gemm(gemm_args(k, 0), s);
-    cuda::run_grouped_gemm(gemm_args(k, 1), s);
+    for (int layer = 0; layer < 2; ++layer) {
+      cuda::GroupedGemmArgs g = gemm_args(k, layer);
+      g.tile_claims = tile_claims(k, layer);
+      cuda::run_grouped_gemm(g, s);
+    }
   }
   void combine(const Rank& k, cudaStream_t s) const {
     combine_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 1, Signals::kOff));
@@ -290,6 +301,7 @@ struct MoeLayer::Impl {
   void fused(const Rank& k, int layer, cudaStream_t s) const {
     cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOn);
     cuda::GroupedGemmArgs g = gemm_args(k, layer);
+    g.tile_claims = tile_claims(k, layer);
     if (options.trace) {
       const int i = local_index(k);
       g.trace_tiles = trace.tiles(i, layer);
@@ -310,7 +322,8 @@ struct MoeLayer::Impl {
     for (int layer = 0; layer < 2; ++layer) {
       cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOff);
       f.stall = 1;  // comm blocks return at once; GEMM blocks neither wait nor join the combine
-      const cuda::GroupedGemmArgs g = gemm_args(k, layer);
+      cuda::GroupedGemmArgs g = gemm_args(k, layer);
+      g.tile_claims = tile_claims(k, layer);
       if (layer == 0) cuda::run_fused_layer0(g, f, s);
       else cuda::run_fused_layer1(g, f, s);
     }

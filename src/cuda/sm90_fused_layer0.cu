@@ -3,7 +3,8 @@
 
 namespace comet::cuda {
 void run_fused_layer0(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream) {
-  COMET_CHECK(gemm.epilogue == GemmEpilogue::kSwiGlu && gemm.wait_flags != nullptr,
+  // Without wait flags only for MoeLayer::Part::kFusedGemms (the communication blocks idle).
+  COMET_CHECK(gemm.epilogue == GemmEpilogue::kSwiGlu && (gemm.wait_flags != nullptr || comm.stall),
               "fused layer0 runs GEMM0 with SwiGLU and per-tile waits");
   using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, 64>;
   sm90::launch_fused_layer<Gemm, 0>(gemm, comm, stream);

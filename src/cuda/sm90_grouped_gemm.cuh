@@ -1,7 +1,10 @@
 // cuda/sm90_grouped_gemm.cuh: the persistent, warp-specialized grouped GEMM kernel (Hopper).
 //
 // Structure of one 384-thread block (one block per SM, persistent):
-//   warpgroup 0, warp 0   producer: for each tile of this block, optionally acquire-wait on the
+//   warpgroup 0, warp 0   producer: picks the block's next tile (static: b, b+G, ...; or claimed
+//                         from a counter in schedule order, so blocks may join late) and hands
+//                         its index to the consumers through a two-slot queue in shared memory;
+//                         for each tile, optionally acquire-wait on the
 //                         tile's signal, then TMA-load the A and B k-tiles into a ring of
 //                         shared-memory stages (CUTLASS's PipelineTmaAsync)
 //   warpgroups 1 and 2    consumers, cooperative: both run wgmma on every tile (64 rows each of
@@ -80,12 +83,20 @@ struct GroupedGemmKernel {
   using StrideB = typename Mainloop::StrideB;
   static_assert(size(TiledMma{}) == kMmaThreads, "unexpected warpgroups per tile");
 
+  // Producer -> consumers: the index of each tile the block runs, -1 when it has no more.
+  static constexpr int kQueueSlots = 2;
+  using TileQueue = cutlass::PipelineAsync<kQueueSlots>;
+  using QueueState = cutlass::PipelineState<kQueueSlots>;
+
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
+    alignas(16) typename TileQueue::SharedStorage queue;
+    int32_t queued_tile[kQueueSlots];
     alignas(16) __nv_bfloat16 stage[kTileM * kStageLd];  // epilogue staging
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 232448, "shared storage exceeds the 227 KiB an sm90 block may use");
 
   struct Params {
     typename Mainloop::Params mainloop;
@@ -96,6 +107,8 @@ struct GroupedGemmKernel {
     const uint64_t* wait_flags;
     const uint64_t* wait_targets;
     uint64_t* done_flags;
+    unsigned* tile_claims;
+    int claim_blocks;  // blocks that claim tiles in this launch (set by the launcher)
     uint64_t* tile_end_ns;
     KernelTraceEvent* trace_tiles;
     KernelTraceEvent* trace_waits;
@@ -133,6 +146,7 @@ struct GroupedGemmKernel {
     p.wait_flags = args.wait_flags;
     p.wait_targets = args.wait_targets;
     p.done_flags = args.done_flags;
+    p.tile_claims = args.tile_claims;
     p.tile_end_ns = args.tile_end_ns;
     p.trace_tiles = args.trace_tiles;
     p.trace_waits = args.trace_waits;
@@ -143,8 +157,10 @@ struct GroupedGemmKernel {
     return p;
   }
 
-  // The GEMM part of a persistent block: `gemm_block` of `num_gemm_blocks` GEMM blocks. Fused
-  // kernels call this from the blocks they give to the GEMM; all 384 threads must enter. The
+  // The GEMM part of a persistent block: `gemm_block` of `num_gemm_blocks` GEMM blocks (static
+  // tiles), or any block claiming tiles from p.tile_claims (then both are ignored, and a block
+  // may enter at any time, e.g. a fused kernel's communication block once its copies are done).
+  // Fused kernels call this from the blocks they give to the GEMM; all 384 threads must enter. The
   // consumer threads call after_tiles() when their tiles are done: work placed there compiles
   // in the consumers' register budget, not the producer's 40 (code after run_block returns
   // could be reached from the producer path as far as ptxas can tell).
@@ -168,6 +184,11 @@ struct GroupedGemmKernel {
     pipe_params.num_producers = 1;
     pipe_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
     Pipeline pipeline(shared.pipeline, pipe_params, ClusterShape{});
+    typename TileQueue::Params queue_params;
+    queue_params.role = warp_group == 0 ? TileQueue::ThreadCategory::Producer : TileQueue::ThreadCategory::Consumer;
+    queue_params.producer_arv_count = 1;
+    queue_params.consumer_arv_count = kMmaThreads;
+    TileQueue queue(shared.queue, queue_params);
     __syncthreads();  // barriers initialized before anyone waits on them
 
     const int num_tiles = *p.num_tiles;
@@ -176,7 +197,7 @@ struct GroupedGemmKernel {
       // Step 1 (producer): the other three warps give their registers away and leave.
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if (warp_in_group != 0) return;
-      produce(p, shared, pipeline, gemm_block, num_gemm_blocks, num_tiles);
+      produce(p, shared, pipeline, queue, gemm_block, num_gemm_blocks, num_tiles);
       return;
     }
 
@@ -186,7 +207,13 @@ struct GroupedGemmKernel {
     Mainloop mainloop;
     PipelineState read_state;
     TiledMma tiled_mma;
-    for (int t = gemm_block; t < num_tiles; t += num_gemm_blocks) {
+    QueueState queue_state;
+    for (;;) {
+      queue.consumer_wait(queue_state);
+      const int t = shared.queued_tile[queue_state.index()];
+      queue.consumer_release(queue_state);
+      ++queue_state;
+      if (t < 0) break;
       const GemmTile tile = p.tiles[t];
       // The tile's trace record opens in memory (no register kept across the mainloop).
       if (p.trace_tiles != nullptr && mma_thread == 0) p.trace_tiles[t].begin_ns = globaltimer_ns();
@@ -210,8 +237,8 @@ struct GroupedGemmKernel {
     after_tiles();
   }
 
-  static __device__ void produce(const Params& p, SharedStorage& shared, Pipeline& pipeline, int gemm_block,
-                                 int num_gemm_blocks, int num_tiles) {
+  static __device__ void produce(const Params& p, SharedStorage& shared, Pipeline& pipeline, TileQueue& queue,
+                                 int gemm_block, int num_gemm_blocks, int num_tiles) {
     Tensor mA = p.mainloop.tma_load_a.get_tma_tensor(make_shape(p.max_rows, p.k, 1));
     Tensor mB = p.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n_b, p.k, p.num_experts));
     Tensor gA = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});  // (BM,BK,m,k,l)
@@ -224,7 +251,30 @@ struct GroupedGemmKernel {
     Tensor tBsB = tma_b.partition_D(sB);
     PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
     const bool leader = cute::elect_one_sync();
-    for (int t = gemm_block; t < num_tiles; t += num_gemm_blocks) {
+    const int lane = int(threadIdx.x) % 32;
+    QueueState queue_state = cutlass::make_producer_start_state<TileQueue>();
+    for (int i = 0;; ++i) {
+      // Claimed tiles: one atomic per tile, taken only when the previous tile's loads are all
+      // issued, so a block never holds more than the tile it is about to load. Every block
+      // stops at its first claim past the end, so the launch's claims end at num_tiles +
+      // claim_blocks: the block holding the last one resets the counter for the next launch.
+      int t = gemm_block + i * num_gemm_blocks;
+      if (p.tile_claims != nullptr) {
+        unsigned claim = 0;
+        if (lane == 0) {
+          claim = atomicAdd(p.tile_claims, 1u);
+          if (claim == unsigned(num_tiles + p.claim_blocks - 1)) atomicExch(p.tile_claims, 0u);
+        }
+        t = int(__shfl_sync(~0u, claim, 0));
+      }
+      if (t >= num_tiles) t = -1;
+      queue.producer_acquire(queue_state);
+      if (lane == 0) {
+        shared.queued_tile[queue_state.index()] = t;
+        queue.producer_commit(queue_state);  // mbarrier arrive: release of the slot's store
+      }
+      ++queue_state;
+      if (t < 0) break;
       const GemmTile tile = p.tiles[t];
       if (leader && p.wait_flags != nullptr) {
         const WaitSite site{p.rank, p.layer, WaitRole::kGemmTileInput, tile.signal};

@@ -142,6 +142,14 @@ struct GemmRun {
   std::vector<float> reference;
   DeviceError error;
   int num_tiles = 0;
+  unsigned claims = 0;  // the claim counter after the runs (claimed tiles only)
+};
+
+// How the tiles are handed out: static (block b runs b, b+G, ...) or claimed from a counter;
+// num_blocks 0 is one block per SM.
+struct TileDealing {
+  bool claimed = false;
+  int num_blocks = 0;
 };
 
 struct SignalSetup {
@@ -149,7 +157,7 @@ struct SignalSetup {
 };
 
 GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signals = nullptr,
-                 uint64_t timeout_ns = 2'000'000'000ull) {
+                 uint64_t timeout_ns = 2'000'000'000ull, TileDealing dealing = {}) {
   const GemmCase& c = p.c;
   const int E = int(c.rows.size());
   DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
@@ -172,9 +180,19 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
     args.wait_flags = flags.get();
     args.wait_targets = targets.get();
   }
+  DeviceBuffer<unsigned> claims(1);
+  claims.zero();
+  if (dealing.claimed) args.tile_claims = claims.get();
+  args.num_blocks = dealing.num_blocks;
   run_grouped_gemm(args, nullptr);
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  if (dealing.claimed) {  // again on the same counter: the output comes from this launch
+    d.poison();
+    run_grouped_gemm(args, nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   GemmRun out;
+  out.claims = claims.download()[0];
   out.d = d.download();
   out.error = error.download()[0];
   out.num_tiles = num_tiles.download()[0];
@@ -289,6 +307,29 @@ TEST(GroupedGemm, SkewedZeroAndPartialExperts) {
     const GemmRun run = run_case(p, TileOrder::kRowMajor);
     EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
     check_run(p, run);
+  }
+}
+
+// Claimed tiles (GroupedGemmArgs::tile_claims) give the same output as static ones, bit for bit,
+// on the full grid and on 3 blocks, and leave the counter at zero for the next launch (a
+// second launch on the same counter runs every tile again).
+TEST(GroupedGemm, ClaimedTilesMatchStaticTilesBitwise) {
+  COMET_REQUIRE_GPU();
+  for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
+    const GemmCase c{"claimed", epilogue, 512, 768, {0, 1, 700, 0, 128, 129, 300, 0}, 91, GemmKernel::kCooperative128x256};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const GemmRun fixed = run_case(p, TileOrder::kRowMajor);
+    EXPECT_EQ(fixed.error.claimed, 0) << describe(fixed.error);
+    check_run(p, fixed);
+    for (int blocks : {0, 3}) {
+      SCOPED_TRACE("blocks " + std::to_string(blocks));
+      const GemmRun claimed = run_case(p, TileOrder::kRowMajor, nullptr, 2'000'000'000ull, {true, blocks});
+      EXPECT_EQ(claimed.error.claimed, 0) << describe(claimed.error);
+      EXPECT_EQ(claimed.num_tiles, fixed.num_tiles);
+      EXPECT_EQ(claimed.claims, 0u) << "the launch left its claim counter at " << claimed.claims;
+      EXPECT_EQ(claimed.d, fixed.d) << "claimed tiles changed the output";
+    }
   }
 }
 
