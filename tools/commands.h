@@ -92,7 +92,10 @@ struct TuneOptions {
   std::vector<std::string> models;
   std::vector<int> tokens{1024, 4096, 8192};
   int ep = 8, tp = 1;
-  std::vector<int> n_comm0{4, 8, 16, 24}, n_comm1{2, 4};
+  // With claimed tiles, layer0 blocks return to the GEMM after the dispatch, so larger n_comm0
+  // are cheap (docs/results/2026-11-29-claimed-tiles-h200.md, W = 8: 32 within 0.6% of the best
+  // n_comm0 tried, for every preset).
+  std::vector<int> n_comm0{8, 16, 32, 64}, n_comm1{2, 8};
   int iters = 10;
   std::string out;
 };

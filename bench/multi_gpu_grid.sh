@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# bench/multi_gpu_grid.sh: the paper's single-layer grid on N real GPUs of one host, one process
+# per GPU (Nccl fabric, started by `comet launch`): mixtral-8x7b, qwen2-moe-2.7b, phi-3.5-moe at
+# total tokens M = 4096, 8192, 16384 (T = M / N per rank) for every (EP, TP) with EP x TP = N,
+# then the communication-heavy presets (qwen3-30b-a3b, deepseek-v3 at T = 4096, 8192, EP = N).
+#
+#   bench/multi_gpu_grid.sh build/tools/comet /tmp/grid-x2 2
+#   ITERS=10 bench/multi_gpu_grid.sh build/tools/comet /tmp/grid-x8 8
+#
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Keeps rank 0's `--json` output per run in
+# OUT_DIR (NAME.json; every rank's stdout and stderr in NAME.out and NAME.log) and prints one table. Environment: ITERS (20), CHUNKS (2,4), EXTRA (more `bench
+# layer` options). Exit code: the last failing run's, else 0.
+set -euo pipefail
+comet=${1:?usage: bench/multi_gpu_grid.sh COMET OUT_DIR N}
+out=${2:?usage: bench/multi_gpu_grid.sh COMET OUT_DIR N}
+n=${3:?usage: bench/multi_gpu_grid.sh COMET OUT_DIR N}
+export NCCL_NVLS_ENABLE=0
+mkdir -p "$out"
+status=0
+run() {  # run NAME bench-layer-options...: rank 0's JSON (the launcher prefixes every line)
+  local name=$1
+  shift
+  # shellcheck disable=SC2086  # EXTRA is a list of options
+  "$comet" launch -n "$n" -- "$comet" bench layer --fabric nccl --iters "${ITERS:-20}" --chunks "${CHUNKS:-2,4}" \
+    ${EXTRA:-} --json "$@" >"$out/$name.out" 2>"$out/$name.log" || status=$?
+  sed -n 's/^\[rank 0\] //p' "$out/$name.out" >"$out/$name.json"
+}
+tokens=$((4096 / n)),$((8192 / n)),$((16384 / n))
+for ((ep = n; ep >= 1; ep /= 2)); do
+  run "paper-ep${ep}tp$((n / ep))" --ep "$ep" --tp $((n / ep)) --models mixtral-8x7b,qwen2-moe-2.7b,phi-3.5-moe \
+    --tokens "$tokens"
+done
+run "heavy-ep$n" --ep "$n" --models qwen3-30b-a3b,deepseek-v3 --tokens 4096,8192
+python3 - "$out" <<'PY'
+import glob, json, sys
+rows = []
+for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    try:
+        with open(path) as f:
+            rows += json.load(f)
+    except ValueError:
+        print(f"{path}: no JSON (see the .log beside it)")
+print(f"{'model':<15} {'M':>6} {'EPxTP':>6} {'n_comm':>7} {'fused ms':>9} {'vs seq':>7} {'vs chunk':>9} {'hidden':>7} "
+      f"{'x bound':>8} {'fused/cmp':>9} {'ok':>3}")
+for r in rows:
+    seq = f"{r['speedup_over_sequential']:.2f}x" if "speedup_over_sequential" in r else "-"
+    chunk = f"{r['speedup_over_chunked']:.2f}x" if "speedup_over_chunked" in r else "-"
+    ok = r["fused_equals_unfused"] and r.get("baselines_match", True)
+    print(f"{r['model']:<15} {r['world'] * r['tokens_per_rank']:>6} {str(r['ep']) + 'x' + str(r['tp']):>6} "
+          f"{str(r['n_comm0']) + '/' + str(r['n_comm1']):>7} {r['fused_us'] / 1e3:>9.2f} {seq:>7} {chunk:>9} "
+          f"{100 * r['hidden_fraction']:>6.1f}% {r['fused_over_lower_bound']:>7.2f}x {r['fused_over_compute']:>9.3f} "
+          f"{'yes' if ok else 'NO':>3}")
+PY
+exit $status
