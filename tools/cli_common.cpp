@@ -74,6 +74,14 @@ std::string user_message(const std::string& what) {
   return one_line(msg);
 }
 
+void add_fabric_option(CLI::App& app, std::string& fabric) {
+  app.add_option("--fabric", fabric,
+                 "loopback (W virtual ranks on one GPU), local (one GPU per rank) or nccl (one process per rank, "
+                 "under `comet launch`; rank 0 prints)")
+      ->check(CLI::IsMember({"loopback", "local", "nccl"}))
+      ->capture_default_str();
+}
+
 void check_output_path(const std::string& path, const std::string& option) {
   if (path.empty()) return;
   const auto dir = std::filesystem::path(path).parent_path();

@@ -45,6 +45,10 @@ std::string one_line(const std::string& text);
 // the run, not after it. An empty path is no file.
 void check_output_path(const std::string& path, const std::string& option);
 
+// --fabric loopback|local|nccl for the GPU commands that measure (bench layer, tune); with nccl,
+// one process per rank under `comet launch`, and rank 0 speaks for the run.
+void add_fabric_option(CLI::App& app, std::string& fabric);
+
 // A --routing value (uniform, zipf:S, imbalance:STD); UsageError "--routing: ..." otherwise.
 RoutingSpec parse_routing_option(const std::string& text);
 

@@ -68,11 +68,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
                 "GBPS[,LATENCY_US]: pace every inter-rank copy (Comet's and the baselines') to this link per rank "
                 "and direction, e.g. 450,2 (docs/link_emulation.md)");
   l->add_flag("--no-baselines", lo.no_baselines, "leave out the sequential and chunked baselines");
-  l->add_option("--fabric", lo.fabric,
-                "loopback (W virtual ranks on one GPU), local (one GPU per rank) or nccl (one process per rank, "
-                "under `comet launch`; rank 0 prints)")
-      ->check(CLI::IsMember({"loopback", "local", "nccl"}))
-      ->capture_default_str();
+  add_fabric_option(*l, lo.fabric);
   l->add_flag("--json", lo.json, "JSON instead of the table");
   l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg");
   l->add_option("--trace-ranks", lo.trace_ranks, "ranks drawn in the SVG, comma separated (default 0; the JSON has all)")

@@ -1,11 +1,13 @@
-// `comet tune`: sweeps n_comm0 x n_comm1 of the fused kernels over workloads on this GPU (W
-// virtual ranks, Loopback fabric) and writes the fastest pair of each workload into a tuning
-// table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md).
+// `comet tune`: sweeps n_comm0 x n_comm1 of the fused kernels over workloads (W virtual ranks on
+// this GPU, or one GPU per rank with --fabric local|nccl) and writes the fastest pair of each
+// workload into a tuning table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md).
 //   comet tune --models mixtral-8x7b --tokens 1024,4096 --out tuning/nvidia-h200.json
+//   comet launch -n 2 -- comet tune --fabric nccl --ep 2 --models mixtral-8x7b --out tuning/nvidia-h200.json
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -13,6 +15,7 @@
 #include "comet/config.h"
 #include "comet/error.h"
 #include "comet/tuning.h"
+#include "core/process_env.h"
 #include "io/tuning_json.h"
 #ifdef COMET_HAVE_CUDA
 #include "bench/layer_bench.h"
@@ -32,6 +35,7 @@ CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
   t->add_option("--iters", o.iters, "timed iterations per candidate (median)")->check(CLI::Range(1, 100000));
   t->add_option("--out", o.out, "tuning table to write (entries of an existing file are kept unless replaced)")
       ->required();
+  add_fabric_option(*t, o.fabric);
   return t;
 }
 
@@ -55,10 +59,18 @@ int tune_command(const TuneOptions& o) {
   lo.iters = o.iters;
   lo.warmup_ms = 50;
   lo.baselines = false;
-  std::cerr << "comet tune: " << info.name << " (" << info.num_sms << " SMs), W " << o.ep * o.tp << " = EP " << o.ep
-            << " x TP " << o.tp << " virtual ranks (loopback fabric), " << o.n_comm0.size() * o.n_comm1.size()
-            << " candidates per workload, median of " << o.iters << "\n";
-  ProgressBar bar(std::cerr, true);
+  lo.fabric = o.fabric;
+  // With one process per rank every rank measures (the forward needs all of them); rank 0 writes.
+  const std::optional<ProcessEnv> env = o.fabric == "nccl" ? read_process_env() : std::nullopt;
+  const bool quiet = env && env->rank != 0;
+  const int world = o.ep * o.tp, gpus = o.fabric == "loopback" ? 1 : world;
+  if (!quiet)
+    std::cerr << "comet tune: " << info.name << " (" << info.num_sms << " SMs), W " << world << " = EP " << o.ep
+              << " x TP " << o.tp
+              << (gpus == 1 ? " virtual ranks on one GPU (loopback fabric), "
+                            : " ranks, one GPU each (" + o.fabric + " fabric), ")
+              << o.n_comm0.size() * o.n_comm1.size() << " candidates per workload, median of " << o.iters << "\n";
+  ProgressBar bar(std::cerr, !quiet);
   const auto rows = bench::run_layer_bench(lo, [&bar](int done, int total, const std::string& what) { bar(done, total, what); });
 
   std::vector<TuneSample> samples;
@@ -70,8 +82,9 @@ int tune_command(const TuneOptions& o) {
     LayerConfig c;
     c.model = ModelPresets::get(r.model);
     c.layout = {r.world, r.ep, r.tp};
-    samples.push_back({tuning_key(c, info.name, info.num_sms, r.tokens), r.n_comm0, r.n_comm1, r.fused_us});
+    samples.push_back({tuning_key(c, info.name, info.num_sms, r.tokens, gpus), r.n_comm0, r.n_comm1, r.fused_us});
   }
+  if (quiet) return 0;
   const TuneSummary s = summarize_tuning(samples);
   for (const TuningEntry& e : s.table.entries()) table.add(e);
   io::save_tuning_table(table, o.out);

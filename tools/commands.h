@@ -97,6 +97,7 @@ struct TuneOptions {
   // n_comm0 tried, for every preset).
   std::vector<int> n_comm0{8, 16, 32, 64}, n_comm1{2, 8};
   int iters = 10;
+  std::string fabric = "loopback";  // entries record the GPUs the ranks ran on (TuningKey::gpus)
   std::string out;
 };
 CLI::App* add_tune_command(CLI::App& app, TuneOptions& options);

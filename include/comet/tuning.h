@@ -2,8 +2,8 @@
 // tuning table measured by `comet tune`, or from the analytic cost model when no entry is near.
 //
 // Lookup (DESIGN §5): an entry applies only to the same GPU (name and SM count), the same expert
-// shape (H, F, E, topk) and the same layout (W, EP, TP); among those, the nearest in tokens per
-// rank wins, with distance |log2(tokens / entry tokens)|. An entry further than
+// shape (H, F, E, topk) and the same layout (W, EP, TP) on the same number of GPUs; among
+// those, the nearest in tokens per rank wins, with distance |log2(tokens / entry tokens)|. An entry further than
 // kMaxTuningDistance (a factor of 2 in tokens) is not used: the cost model decides instead,
 // and the choice says so. Ties go to the entry with fewer tokens (the cheaper guess).
 #pragma once
@@ -24,13 +24,17 @@ struct TuningKey {
   int num_sms = 0;
   int hidden = 0, ffn = 0, num_experts = 0, topk = 0;
   int world = 0, ep = 0, tp = 0;
+  // GPUs the W ranks run on: 1 for virtual ranks on one GPU (Loopback: the ranks take turns and
+  // communication is a local copy), W for one rank per GPU (Local, Nccl). The same layout has
+  // different optima on the two, so their entries never stand in for each other.
+  int gpus = 1;
   int tokens_per_rank = 0;
   // Everything but tokens_per_rank equal.
   bool same_workload_class(const TuningKey& other) const;
   std::string describe() const;
 };
 
-TuningKey tuning_key(const LayerConfig& config, const std::string& gpu, int num_sms, int tokens_per_rank);
+TuningKey tuning_key(const LayerConfig& config, const std::string& gpu, int num_sms, int tokens_per_rank, int gpus = 1);
 
 struct TuningEntry {
   TuningKey key;

@@ -10,19 +10,23 @@ namespace comet {
 
 bool TuningKey::same_workload_class(const TuningKey& o) const {
   return gpu == o.gpu && num_sms == o.num_sms && hidden == o.hidden && ffn == o.ffn &&
-         num_experts == o.num_experts && topk == o.topk && world == o.world && ep == o.ep && tp == o.tp;
+         num_experts == o.num_experts && topk == o.topk && world == o.world && ep == o.ep && tp == o.tp &&
+         gpus == o.gpus;
 }
 
 std::string TuningKey::describe() const {
   std::ostringstream os;
   os << gpu << " (" << num_sms << " SMs), H " << hidden << " F " << ffn << " E " << num_experts << " topk " << topk
-     << ", W " << world << " = EP " << ep << " x TP " << tp << ", " << tokens_per_rank << " tokens/rank";
+     << ", W " << world << " = EP " << ep << " x TP " << tp << " on " << gpus << (gpus == 1 ? " GPU, " : " GPUs, ")
+     << tokens_per_rank << " tokens/rank";
   return os.str();
 }
 
-TuningKey tuning_key(const LayerConfig& c, const std::string& gpu, int num_sms, int tokens_per_rank) {
+TuningKey tuning_key(const LayerConfig& c, const std::string& gpu, int num_sms, int tokens_per_rank, int gpus) {
+  COMET_CHECK(gpus == 1 || gpus == c.layout.world,
+              "tuning key: " << gpus << " GPUs for W = " << c.layout.world << " ranks (1 or W)");
   return {gpu, num_sms, c.model.hidden, c.model.ffn, c.model.num_experts, c.model.topk,
-          c.layout.world, c.layout.ep, c.layout.tp, tokens_per_rank};
+          c.layout.world, c.layout.ep, c.layout.tp, gpus, tokens_per_rank};
 }
 
 void TuningTable::add(const TuningEntry& e) {

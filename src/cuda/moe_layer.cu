@@ -148,7 +148,8 @@ struct MoeLayer::Impl {
       return;
     }
     const cuda::DeviceInfo info = cuda::query_device_info();
-    const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank);
+    const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
+    const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
     GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
     gpu.num_sms = info.num_sms;
     if (options.link.on()) gpu.link_gbps = options.link.gbps;  // the link the copies are paced to
@@ -167,11 +168,11 @@ struct MoeLayer::Impl {
   }
   // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
   // word), the two layers' GEMM tile-claim counters (one word each), one LinkPacer per layer,
-  // then the rank barrier's generation (one word). Layer0's pacer
-  // paces the rank's dispatch pulls (its incoming link), layer1's its combine pushes (its
-  // outgoing link). Each phase's kernels zero the other phase's pacer, so every phase starts
-  // from a zero pacer without a memset (the plan kernel need not run: run_part(kCommunication)
-  // is paced too); reset_epochs zeroes both.
+  // then the rank barrier's generation (one word). Layer0's pacer paces the rank's dispatch
+  // pulls (its incoming link), layer1's its combine pushes (its outgoing link). Each phase's
+  // kernels zero the other phase's pacer, so every phase starts from a zero pacer without a
+  // memset (the plan kernel need not run: run_part(kCommunication) is paced too); reset_epochs
+  // zeroes both.
   int64_t claims_word() const { return 2 * plan_layout.max_m_tiles + 2 * plan_layout.n_blocks1; }
   int64_t epoch_words() const { return claims_word() + 3 + 2 * cuda::kLinkPacerWords + 1; }
   unsigned* combine_claims(const Rank& k) const { return reinterpret_cast<unsigned*>(k.epochs + claims_word()); }

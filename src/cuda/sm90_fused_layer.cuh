@@ -77,9 +77,9 @@ void launch_fused_layer(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, 
   }
   COMET_CHECK(comm.n_comm >= 1 && comm.n_comm < num_sms,
               "fused layer" << kLayer << ": n_comm " << comm.n_comm << " must be in [1, " << num_sms - 1 << "]");
-  typename Gemm::Params params = Gemm::make_params(gemm);
   // Layer0's communication blocks claim tiles too once their copies are done (not when stalled).
-  params.claim_blocks = kLayer == 0 && !comm.stall ? num_sms : num_sms - comm.n_comm;
+  const int claim_blocks = kLayer == 0 && !comm.stall ? num_sms : num_sms - comm.n_comm;
+  const typename Gemm::Params params = Gemm::make_params(gemm, claim_blocks);
   FusedCommArgs f = comm;
   void* args[] = {const_cast<typename Gemm::Params*>(&params), &f};
   COMET_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(num_sms), dim3(Gemm::kThreads),

@@ -108,7 +108,7 @@ struct GroupedGemmKernel {
     const uint64_t* wait_targets;
     uint64_t* done_flags;
     unsigned* tile_claims;
-    int claim_blocks;  // blocks that claim tiles in this launch (set by the launcher)
+    int claim_blocks;  // blocks that claim tiles in this launch (make_params)
     uint64_t* tile_end_ns;
     KernelTraceEvent* trace_tiles;
     KernelTraceEvent* trace_waits;
@@ -117,8 +117,11 @@ struct GroupedGemmKernel {
     int rank, layer;
   };
 
-  static Params make_params(const GroupedGemmArgs& args) {
+  // claim_blocks: the blocks of the launch that will claim tiles (with args.tile_claims); the
+  // counter's reset depends on it being exact, so every launcher passes it.
+  static Params make_params(const GroupedGemmArgs& args, int claim_blocks) {
     Params p{};
+    p.claim_blocks = claim_blocks;
     const int n_b = gemm_b_rows(kEpilogue, args.n);
     auto* a = reinterpret_cast<const typename Mainloop::InternalElementA*>(args.a);
     auto* b = reinterpret_cast<const typename Mainloop::InternalElementB*>(args.b);

@@ -28,8 +28,7 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
                                           Kernel::kSmemBytes));
     attribute_set[device].store(true, std::memory_order_relaxed);
   }
-  typename Kernel::Params params = Kernel::make_params(args);
-  params.claim_blocks = blocks;
+  const typename Kernel::Params params = Kernel::make_params(args, blocks);
   grouped_gemm_kernel<Kernel><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
   COMET_CUDA_CHECK_LAUNCH();
 }

@@ -10,8 +10,8 @@
 namespace comet::io {
 
 namespace {
-const std::set<std::string> kEntryKeys = {"gpu", "num_sms", "hidden", "ffn", "experts", "topk", "world",
-                                          "ep", "tp", "tokens_per_rank", "n_comm0", "n_comm1", "latency_us"};
+const std::set<std::string> kEntryKeys = {"gpu", "num_sms", "hidden", "ffn", "experts", "topk", "world", "ep",
+                                          "tp", "gpus", "tokens_per_rank", "n_comm0", "n_comm1", "latency_us"};
 }  // namespace
 
 std::string tuning_table_json(const TuningTable& table) {
@@ -20,7 +20,7 @@ std::string tuning_table_json(const TuningTable& table) {
     const TuningKey& k = e.key;
     entries.push_back({{"gpu", k.gpu}, {"num_sms", k.num_sms}, {"hidden", k.hidden}, {"ffn", k.ffn},
                        {"experts", k.num_experts}, {"topk", k.topk}, {"world", k.world}, {"ep", k.ep}, {"tp", k.tp},
-                       {"tokens_per_rank", k.tokens_per_rank}, {"n_comm0", e.n_comm0}, {"n_comm1", e.n_comm1},
+                       {"gpus", k.gpus}, {"tokens_per_rank", k.tokens_per_rank}, {"n_comm0", e.n_comm0}, {"n_comm1", e.n_comm1},
                        {"latency_us", e.latency_us}});
   }
   return nlohmann::json{{"format", kTuningFormat}, {"entries", entries}}.dump(2) + "\n";
@@ -51,9 +51,13 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
     };
     COMET_CHECK(e.contains("gpu") && e["gpu"].is_string(), where << ": \"gpu\" must be a string");
     TuningEntry entry;
+    // "gpus" came later: tables without it were measured with virtual ranks on one GPU.
+    const int gpus = e.contains("gpus") ? integer("gpus") : 1;
     entry.key = {e["gpu"].get<std::string>(), integer("num_sms"), integer("hidden"), integer("ffn"),
                  integer("experts"), integer("topk"), integer("world"), integer("ep"), integer("tp"),
-                 integer("tokens_per_rank")};
+                 gpus, integer("tokens_per_rank")};
+    COMET_CHECK(gpus == 1 || gpus == entry.key.world,
+                where << ": \"gpus\" is " << gpus << ", must be 1 (virtual ranks) or world (" << entry.key.world << ")");
     entry.n_comm0 = integer("n_comm0");
     entry.n_comm1 = integer("n_comm1");
     entry.latency_us = e.contains("latency_us") && e["latency_us"].is_number() ? e["latency_us"].get<double>() : 0.0;

@@ -3,8 +3,9 @@
 // Format (one object; unknown keys are rejected so a typo cannot silently drop a setting):
 //   {"format": "comet-tuning-1",
 //    "entries": [{"gpu": "NVIDIA H200", "num_sms": 132, "hidden": 4096, "ffn": 14336,
-//                 "experts": 8, "topk": 2, "world": 8, "ep": 8, "tp": 1,
+//                 "experts": 8, "topk": 2, "world": 8, "ep": 8, "tp": 1, "gpus": 1,
 //                 "tokens_per_rank": 4096, "n_comm0": 24, "n_comm1": 20, "latency_us": 1234.5}]}
+// "gpus" (TuningKey::gpus: 1 or world) may be absent: 1, as in tables written before it existed.
 #pragma once
 
 #include <string>

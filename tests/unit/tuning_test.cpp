@@ -52,6 +52,22 @@ TEST(Tuning, OtherGpuShapeOrLayoutNeverMatches) {
   EXPECT_FALSE(t.nearest(tuning_key(other, "NVIDIA H200", 132, 4096)));
 }
 
+// Virtual ranks on one GPU and one rank per GPU are different workloads for n_comm: the same
+// layout's entries never stand in for each other, and a GPU count other than 1 or W is refused.
+TEST(Tuning, VirtualRanksAndOneRankPerGpuNeverMatch) {
+  const TuningTable one_gpu = table_with({{4096, 20, 21}});
+  EXPECT_FALSE(one_gpu.nearest(tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 8)));
+  TuningTable eight_gpus;
+  eight_gpus.add({tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 8), 32, 2, 50.0});
+  EXPECT_FALSE(eight_gpus.nearest(tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096)));
+  const auto m = eight_gpus.nearest(tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 8));
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->entry->n_comm0, 32);
+  EXPECT_NE(m->entry->key.describe().find("on 8 GPUs"), std::string::npos) << m->entry->key.describe();
+  EXPECT_TRUE(throws_with<Error>([] { tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 2); },
+                                 {"2 GPUs", "W = 8"}));
+}
+
 TEST(Tuning, AddReplacesAnEqualKey) {
   TuningTable t = table_with({{4096, 20, 21}});
   t.add({tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096), 24, 25, 90.0});
@@ -113,6 +129,28 @@ TEST(TuningJson, RoundTripAndClearErrors) {
   typo.replace(typo.find("\"n_comm0\""), 9, "\"n_comm_0\"");
   EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(typo, "t.json"); }, {"t.json", "entry 0", "n_comm_0"}));
   EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/nonexistent/t.json"); }, {"cannot be read"}));
+}
+
+// "gpus" is written and read back; a table without it (written before it existed) means one
+// GPU; a count that is neither 1 nor the entry's world is refused, naming the entry.
+TEST(TuningJson, GpusFieldRoundTripsDefaultsToOneAndIsChecked) {
+  TuningTable t;
+  t.add({tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 8), 32, 2, 50.0});
+  const std::string text = io::tuning_table_json(t);
+  EXPECT_NE(text.find("\"gpus\": 8"), std::string::npos) << text;
+  const TuningTable back = io::parse_tuning_table(text);
+  ASSERT_EQ(back.entries().size(), 1u);
+  EXPECT_EQ(back.entries()[0].key.gpus, 8);
+
+  std::string old = text;
+  old.erase(old.find("\"gpus\": 8,"), std::string("\"gpus\": 8,").size());
+  const TuningTable old_back = io::parse_tuning_table(old);
+  ASSERT_EQ(old_back.entries().size(), 1u);
+  EXPECT_EQ(old_back.entries()[0].key.gpus, 1);
+
+  std::string bad = text;
+  bad.replace(bad.find("\"gpus\": 8"), std::string("\"gpus\": 8").size(), "\"gpus\": 3");
+  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(bad, "t.json"); }, {"t.json", "entry 0", "gpus", "3"}));
 }
 
 TEST(Tuning, SummaryKeepsEachWorkloadsFastestPairAndTheBestFixedPair) {
