@@ -8,8 +8,9 @@
 #   ITERS=10 bench/multi_gpu_grid.sh build/tools/comet /tmp/grid-x8 8
 #
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Keeps rank 0's `--json` output per run in
-# OUT_DIR (NAME.json; every rank's stdout and stderr in NAME.out and NAME.log) and prints one table. Environment: ITERS (20), CHUNKS (2,4), EXTRA (more `bench
-# layer` options). Exit code: the last failing run's, else 0.
+# OUT_DIR (NAME.json; every rank's stdout and stderr in NAME.out and NAME.log) and prints one
+# table (bench/grid_table.py). Environment: ITERS (20), CHUNKS (2,4), EXTRA (more `bench layer`
+# options). Exit code: the last failing run's (or the table's, when a run left no JSON), else 0.
 set -euo pipefail
 comet=${1:?usage: bench/multi_gpu_grid.sh COMET OUT_DIR N}
 out=${2:?usage: bench/multi_gpu_grid.sh COMET OUT_DIR N}
@@ -31,24 +32,5 @@ for ((ep = n; ep >= 1; ep /= 2)); do
     --tokens "$tokens"
 done
 run "heavy-ep$n" --ep "$n" --models qwen3-30b-a3b,deepseek-v3 --tokens 4096,8192
-python3 - "$out" <<'PY'
-import glob, json, sys
-rows = []
-for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    try:
-        with open(path) as f:
-            rows += json.load(f)
-    except ValueError:
-        print(f"{path}: no JSON (see the .log beside it)")
-print(f"{'model':<15} {'M':>6} {'EPxTP':>6} {'n_comm':>7} {'fused ms':>9} {'vs seq':>7} {'vs chunk':>9} {'hidden':>7} "
-      f"{'x bound':>8} {'fused/cmp':>9} {'ok':>3}")
-for r in rows:
-    seq = f"{r['speedup_over_sequential']:.2f}x" if "speedup_over_sequential" in r else "-"
-    chunk = f"{r['speedup_over_chunked']:.2f}x" if "speedup_over_chunked" in r else "-"
-    ok = r["fused_equals_unfused"] and r.get("baselines_match", True)
-    print(f"{r['model']:<15} {r['world'] * r['tokens_per_rank']:>6} {str(r['ep']) + 'x' + str(r['tp']):>6} "
-          f"{str(r['n_comm0']) + '/' + str(r['n_comm1']):>7} {r['fused_us'] / 1e3:>9.2f} {seq:>7} {chunk:>9} "
-          f"{100 * r['hidden_fraction']:>6.1f}% {r['fused_over_lower_bound']:>7.2f}x {r['fused_over_compute']:>9.3f} "
-          f"{'yes' if ok else 'NO':>3}")
-PY
+python3 "$(dirname "$0")/grid_table.py" multi "$out" || status=$?
 exit $status

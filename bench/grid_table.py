@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""bench/grid_table.py: one short table from the `comet bench layer --json` files of a grid run.
+
+    python3 bench/grid_table.py VIEW OUT_DIR
+
+VIEW picks the columns: `layer` (bench/layer_grid.sh: times, fused / compute-only, speedups),
+`paper` (bench/paper_grid.sh: one row per link, layout and size, sorted by link), `multi`
+(bench/multi_gpu_grid.sh). Reads every OUT_DIR/*.json; a file without JSON (a run that failed
+before printing) is named, and the exit code is then 1. `ok` is "NO" where fused differed from
+unfused or a baseline from Comet.
+"""
+import glob
+import json
+import sys
+
+
+def speedup(r, key):
+    return f"{r[key]:.2f}x" if key in r else "-"
+
+
+# name: (header, width (negative: left-aligned), value of a row)
+COLUMNS = {
+    "link": ("link", 12, lambda r: f"{r['link_gbps']:g}GB/s,{r['link_latency_us']:g}us"),
+    "model": ("model", -15, lambda r: r["model"]),
+    "T": ("T", 5, lambda r: r["tokens_per_rank"]),
+    "M": ("M", 6, lambda r: r["world"] * r["tokens_per_rank"]),
+    "layout": ("EPxTP", 6, lambda r: f"{r['ep']}x{r['tp']}"),
+    "n_comm": ("n_comm", 7, lambda r: f"{r['n_comm0']}/{r['n_comm1']}"),
+    "fused_us": ("fused us", 9, lambda r: f"{r['fused_us']:.0f}"),
+    "fused_ms": ("fused ms", 9, lambda r: f"{r['fused_us'] / 1e3:.2f}"),
+    "unfused": ("unfused", 9, lambda r: f"{r['unfused_us']:.0f}"),
+    "compute": ("compute", 9, lambda r: f"{r['compute_only_us']:.0f}"),
+    "comm": ("comm", 7, lambda r: f"{r['comm_only_us']:.0f}"),
+    "plan": ("plan", 6, lambda r: f"{r['plan_us']:.0f}"),
+    "fused/cmp": ("fused/cmp", 9, lambda r: f"{r['fused_over_compute']:.3f}"),
+    "vs seq": ("vs seq", 7, lambda r: speedup(r, "speedup_over_sequential")),
+    "vs chunk": ("vs chunk", 9, lambda r: speedup(r, "speedup_over_chunked")),
+    "hidden": ("hidden", 7, lambda r: f"{100 * r['hidden_fraction']:.1f}%"),
+    "x bound": ("x bound", 8, lambda r: f"{r['fused_over_lower_bound']:.2f}x"),
+    "comm GB/s": ("comm GB/s", 10, lambda r: f"{r['comm_link_gbps']:.0f}"),
+    "ok": ("ok", 3, lambda r: "yes" if r["fused_equals_unfused"] and r.get("baselines_match", True) else "NO"),
+}
+VIEWS = {
+    "layer": ["model", "T", "n_comm", "fused_us", "unfused", "compute", "comm", "plan", "fused/cmp", "vs seq",
+              "vs chunk", "ok"],
+    "paper": ["link", "model", "M", "layout", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "comm GB/s", "ok"],
+    "multi": ["model", "M", "layout", "n_comm", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "fused/cmp", "ok"],
+}
+
+
+def cell(text, width):
+    return f"{text:<{-width}}" if width < 0 else f"{text:>{width}}"
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[1] not in VIEWS:
+        raise SystemExit(f"usage: grid_table.py {{{','.join(VIEWS)}}} OUT_DIR")
+    view, out = sys.argv[1], sys.argv[2]
+    rows, missing = [], 0
+    for path in sorted(glob.glob(out + "/*.json")):
+        try:
+            with open(path) as f:
+                rows += json.load(f)
+        except ValueError:
+            print(f"{path}: no JSON (see the run's log)")
+            missing += 1
+    if view == "paper":
+        rows.sort(key=lambda r: (-r["link_gbps"], r["model"], r["ep"], r["tokens_per_rank"]))
+    columns = [COLUMNS[c] for c in VIEWS[view]]
+    print(" ".join(cell(header, width) for header, width, _ in columns))
+    for r in rows:
+        print(" ".join(cell(value(r), width) for _, width, value in columns))
+    sys.exit(1 if missing else 0)
+
+
+if __name__ == "__main__":
+    main()
