@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "comet/error.h"
+#include "core/process_env.h"
 
 namespace comet::tools {
 namespace {
@@ -80,6 +82,12 @@ void add_fabric_option(CLI::App& app, std::string& fabric) {
                  "under `comet launch`; rank 0 prints)")
       ->check(CLI::IsMember({"loopback", "local", "nccl"}))
       ->capture_default_str();
+}
+
+bool quiet_rank(const std::string& fabric) {
+  if (fabric != "nccl") return false;
+  const std::optional<ProcessEnv> env = read_process_env();
+  return env && env->rank != 0;
 }
 
 void check_output_path(const std::string& path, const std::string& option) {

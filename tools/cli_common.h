@@ -48,6 +48,9 @@ void check_output_path(const std::string& path, const std::string& option);
 // --fabric loopback|local|nccl for the GPU commands that measure (bench layer, tune); with nccl,
 // one process per rank under `comet launch`, and rank 0 speaks for the run.
 void add_fabric_option(CLI::App& app, std::string& fabric);
+// Whether this process is a rank other than 0 of a `--fabric nccl` run (it measures, it does
+// not print or write).
+bool quiet_rank(const std::string& fabric);
 
 // A --routing value (uniform, zipf:S, imbalance:STD); UsageError "--routing: ..." otherwise.
 RoutingSpec parse_routing_option(const std::string& text);

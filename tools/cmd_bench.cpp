@@ -8,7 +8,6 @@
 // hides a wrong result.
 #include <algorithm>
 #include <limits>
-#include <optional>
 #include <utility>
 #include <iostream>
 
@@ -18,7 +17,6 @@
 #include "io/tuning_json.h"
 #include "comet/config.h"
 #include "comet/routing.h"
-#include "core/process_env.h"
 
 #ifdef COMET_HAVE_CUDA
 #include "bench/gemm_bench.h"
@@ -176,8 +174,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.fabric = o.fabric;
   lo.link = link;
   // With one process per rank, rank 0 speaks for the run; every rank still fails on a mismatch.
-  const std::optional<ProcessEnv> env = o.fabric == "nccl" ? read_process_env() : std::nullopt;
-  const bool quiet = env && env->rank != 0;
+  const bool quiet = quiet_rank(o.fabric);
   lo.trace_path = o.trace;
   lo.trace_ranks = o.trace_ranks;
   const cuda::DeviceInfo info = cuda::query_device_info();

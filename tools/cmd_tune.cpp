@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
-#include <optional>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -15,7 +14,6 @@
 #include "comet/config.h"
 #include "comet/error.h"
 #include "comet/tuning.h"
-#include "core/process_env.h"
 #include "io/tuning_json.h"
 #ifdef COMET_HAVE_CUDA
 #include "bench/layer_bench.h"
@@ -61,8 +59,7 @@ int tune_command(const TuneOptions& o) {
   lo.baselines = false;
   lo.fabric = o.fabric;
   // With one process per rank every rank measures (the forward needs all of them); rank 0 writes.
-  const std::optional<ProcessEnv> env = o.fabric == "nccl" ? read_process_env() : std::nullopt;
-  const bool quiet = env && env->rank != 0;
+  const bool quiet = quiet_rank(o.fabric);
   const int world = o.ep * o.tp, gpus = o.fabric == "loopback" ? 1 : world;
   if (!quiet)
     std::cerr << "comet tune: " << info.name << " (" << info.num_sms << " SMs), W " << world << " = EP " << o.ep

@@ -189,7 +189,8 @@ struct MoeLayer::Impl {
     return static_cast<char*>(fabric.base(k.rank)) + layout.region(name).offset_bytes;
   }
 
-  // GEMM arguments of a rank for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1).
+  // GEMM arguments of a rank for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1). Fused or not, the GEMMs
+  // claim tiles from the layer's counter (so compute-only measures the fused kernels' scheduling).
   cuda::GroupedGemmArgs gemm_args(const Rank& k, int layer) const {
     const LayerConfig& c = config;
     cuda::GroupedGemmArgs g;
@@ -204,6 +205,7 @@ struct MoeLayer::Impl {
     g.d = region(k, layer == 0 ? "inter" : "out_rows");
     g.tiles = layer == 0 ? k.plan.tiles0 : k.plan.tiles1;
     g.num_tiles = k.plan.num_tiles + layer;
+    g.tile_claims = tile_claims(k, layer);
     g.error = k.error;
     g.timeout_ns = timeout_ns();
     g.rank = k.rank;
@@ -284,14 +286,9 @@ struct MoeLayer::Impl {
     dispatch_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 0, Signals::kOff));
     COMET_CUDA_CHECK_LAUNCH();
   }
-  // The unfused GEMMs claim tiles like the fused kernels' (so compute-only measures the same
-  // scheduling).
   void gemms(const Rank& k, cudaStream_t s) const {
-    for (int layer = 0; layer < 2; ++layer) {
-      cuda::GroupedGemmArgs g = gemm_args(k, layer);
-      g.tile_claims = tile_claims(k, layer);
-      cuda::run_grouped_gemm(g, s);
-    }
+    cuda::run_grouped_gemm(gemm_args(k, 0), s);
+    cuda::run_grouped_gemm(gemm_args(k, 1), s);
   }
   void combine(const Rank& k, cudaStream_t s) const {
     combine_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 1, Signals::kOff));
@@ -302,7 +299,6 @@ struct MoeLayer::Impl {
   void fused(const Rank& k, int layer, cudaStream_t s) const {
     cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOn);
     cuda::GroupedGemmArgs g = gemm_args(k, layer);
-    g.tile_claims = tile_claims(k, layer);
     if (options.trace) {
       const int i = local_index(k);
       g.trace_tiles = trace.tiles(i, layer);
@@ -323,8 +319,7 @@ struct MoeLayer::Impl {
     for (int layer = 0; layer < 2; ++layer) {
       cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOff);
       f.stall = 1;  // comm blocks return at once; GEMM blocks neither wait nor join the combine
-      cuda::GroupedGemmArgs g = gemm_args(k, layer);
-      g.tile_claims = tile_claims(k, layer);
+      const cuda::GroupedGemmArgs g = gemm_args(k, layer);
       if (layer == 0) cuda::run_fused_layer0(g, f, s);
       else cuda::run_fused_layer1(g, f, s);
     }

@@ -18,6 +18,7 @@
 #include "comet/layer.h"
 #include "comet/plan.h"
 #include "comet/problem.h"
+#include "cuda/comm_rows.cuh"
 #include "cuda/device_problem.h"
 #include "fabric/fabric.h"
 #include "gpu_test_util.h"
@@ -29,7 +30,7 @@ namespace {
 
 using test::LayerCase;
 
-constexpr int kCombineGroupBlocks = 4;  // cuda::kCombineGroupBlocks (comm_rows.cuh)
+using cuda::kCombineGroupBlocks;  // column blocks per combine item's group
 
 std::string event_summary(const TraceEvent& e) {
   return "rank " + std::to_string(e.rank) + " layer" + std::to_string(e.layer) + " block " + std::to_string(e.lane) +
