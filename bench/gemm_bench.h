@@ -27,7 +27,8 @@ struct GemmBenchRow {
   double ours_us = 0, cublas_loop_us = 0, cublas_grouped_us = 0;
   double claimed_us = 0;  // ours with tiles claimed from a counter, as in a layer
   double max_rel_err = 0;  // ours vs cuBLAS on sampled elements
-  bool verified = false;
+  bool claimed_matches = false;  // claimed tiles gave the static output bitwise
+  bool verified = false;         // max_rel_err within bounds, no device error, claimed_matches
   double ours_tflops() const { return flop / ours_us * 1e-6; }
   double cublas_best_us() const { return std::min(cublas_loop_us, cublas_grouped_us); }
   double cublas_tflops() const { return flop / cublas_best_us() * 1e-6; }

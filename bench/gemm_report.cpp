@@ -23,7 +23,8 @@ void print_gemm_table(const std::vector<GemmBenchRow>& rows, std::ostream& os) {
        << r.ours_tflops() << std::setprecision(1) << std::setw(11) << r.claimed_us << std::setw(11) << r.cublas_best_us() << std::setprecision(0)
        << std::setw(9) << r.cublas_tflops() << std::setprecision(3) << std::setw(8) << r.ratio()
        << std::scientific << std::setprecision(1) << std::setw(10) << r.max_rel_err << std::fixed << "  "
-       << (r.verified ? "ok" : "FAIL") << (r.cublas_loop_us <= r.cublas_grouped_us ? "" : "  (cublas grouped)")
+       << (r.verified ? "ok" : r.claimed_matches ? "FAIL" : "FAIL (claimed tiles differ)")
+       << (r.cublas_loop_us <= r.cublas_grouped_us ? "" : "  (cublas grouped)")
        << "\n";
   }
 }
@@ -36,7 +37,8 @@ std::string gemm_rows_json(const std::vector<GemmBenchRow>& rows) {
                  {"comet_us", r.ours_us}, {"comet_claimed_us", r.claimed_us},
                  {"comet_tflops", r.ours_tflops()}, {"cublas_loop_us", r.cublas_loop_us},
                  {"cublas_grouped_us", r.cublas_grouped_us}, {"cublas_best_tflops", r.cublas_tflops()},
-                 {"speedup_vs_cublas", r.ratio()}, {"max_rel_err", r.max_rel_err}, {"verified", r.verified}});
+                 {"speedup_vs_cublas", r.ratio()}, {"max_rel_err", r.max_rel_err},
+                 {"claimed_matches_static", r.claimed_matches}, {"verified", r.verified}});
   return j.dump(2);
 }
 
