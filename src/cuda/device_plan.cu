@@ -1,20 +1,19 @@
-// The dispatch plan of one rank from every rank's routing, in two kernels.
+// The dispatch plan of one rank from every rank's routing, in three kernels. Only the first and
+// the last read routing (through peer pointers: on one GPU per rank, across NVLink), and both are
+// one block per (rank, ring position, chunk of 1024 tokens), so those reads are all in flight at
+// once instead of one chunk after another.
 //
-// Counting kernel, one 1024-thread block per rank (passes loop over the sources in ring order,
-// tokens in chunks of 1024, one per thread):
-//   1. count rows per (ring position, local expert) and received tokens per ring position,
-//      keeping the running counts at the start of every chunk (chunk_row_base, chunk_slot_base)
-//   2. expert segment offsets (padded to 128 rows) and per-source row bases, added to the
-//      chunk bases
-//   4. send positions of the own tokens to every destination (block scans)
-//   5. M tiles, their last ring position, the layer0 order (stable counting sort), and both
-//      GEMM tile lists
-// Placing kernel, one block per (rank, ring position, chunk), all in parallel:
-//   3. place every received token and (token, slot) of the chunk: block scan for the slot;
-//      warp ballots per expert for the row (rank among earlier tokens with that expert), on top
-//      of the chunk's bases
-// Pass 3 is the expensive one (a ballot round per distinct expert in a warp): one block per
-// chunk instead of one per rank makes it W * T_max / 1024 times wider.
+// Counting kernel, one block per (rank, ring position, chunk): reads the chunk's routing once,
+//   checks it (token count, expert ids, an expert repeated within a token), and writes the
+//   chunk's rows per local expert, its received tokens and, for the own tokens, its tokens per
+//   destination EP group (warp-aggregated shared atomics: the counts are order-free).
+// Layout kernel, one block per rank, from those counts alone: the chunks' prefix sums (their
+//   bases), expert segments (padded to 128 rows) and the row base of each (ring position,
+//   expert), received-token prefix sums, M tiles and their last ring position, the layer0 order
+//   (stable counting sort: warp matches and per-key scans), both GEMM tile lists, the epochs.
+// Placing kernel, one block per (rank, ring position, chunk): the chunk's tokens get consecutive
+//   slots (block scan) and each (token, slot) its row (warp ballots per expert) on top of the
+//   chunk's bases; the own chunks also write their send positions (a block scan per EP group).
 //
 // NOTES: the order rules are those of comet::DispatchPlan (include/comet/plan.h): inside an
 // expert, sources in ring order, then tokens ascending; a token's rows in slot order.
@@ -24,6 +23,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/check.h"
+#include "cuda/comm_rows.cuh"
 #include "cuda/device_plan.h"
 #include "cuda/signal.cuh"
 #include "cuda/tile_raster.cuh"
@@ -35,10 +35,11 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTopk = 16;
+constexpr unsigned kFullWarp = 0xffffffffu;
 using BlockScan = cub::BlockScan<int, kThreads>;
 
 struct PlanShape {
-  int world, tp, experts_per_rank, num_experts, topk, t_max, rows_per_token;
+  int world, tp, ep, experts_per_rank, num_experts, topk, t_max, rows_per_token;
   int chunks;  // token chunks of kThreads per source: ceil(t_max / kThreads)
   int64_t max_rows, max_m_tiles;
   int n_blocks0, n_blocks1;
@@ -49,123 +50,174 @@ __device__ void record_input_error(DeviceError* error, int rank, WaitRole role, 
   record_timeout(error, WaitSite{rank, -1, role, src}, bound, value);
 }
 
-// Shared memory of the counting kernel: cnt[W][Epr], base[W][Epr], recv_cnt[W], tile_psum[Epr + 1],
-// last_cnt[W + 1].
-struct Smem {
-  int* cnt;
-  int* base;
-  int* recv_cnt;
-  int* tile_psum;
-  int* last_cnt;
-  __device__ Smem(int* p, const PlanShape& s) {
-    const int W = s.world, E = s.experts_per_rank;
-    cnt = p;
-    base = cnt + W * E;
-    recv_cnt = base + W * E;
-    tile_psum = recv_cnt + W;
-    last_cnt = tile_psum + E + 1;
-  }
-  static size_t bytes(const PlanShape& s) {
-    const int W = s.world, E = s.experts_per_rank;
-    return sizeof(int) * size_t(2 * W * E + W + E + 1 + W + 1);
-  }
-};
+// Tokens published by `src`; a count above T_max is recorded (when `report`) and read as 0, so
+// nothing is read past T_max.
+__device__ int published_tokens(const DevicePlanArgs& a, const PlanShape& s, int src, bool report) {
+  const int t = *a.token_counts[src];
+  if (t >= 0 && t <= s.t_max) return t;
+  if (report) record_input_error(a.error, a.rank, WaitRole::kBadTokenCount, src, s.t_max, uint64_t(t));
+  return 0;
+}
 
-// Up to kPlanBatch ranks' plans in one launch, one block each (virtual ranks on one GPU plan
-// concurrently instead of one 1-block kernel after another).
+// Adds `n` to counter[key] once per warp for every distinct key >= 0 among the lanes (all 32
+// lanes call it): contention stays at one atomic per warp and key, even for one local expert.
+__device__ __forceinline__ void warp_count(int* counter, int key, int n = 1) {
+  const unsigned same = __match_any_sync(kFullWarp, key);
+  if (key >= 0 && (threadIdx.x % 32) == unsigned(__ffs(same) - 1)) atomicAdd(&counter[key], n * __popc(same));
+}
+
+// Up to kPlanBatch ranks' plans in one launch (virtual ranks on one GPU plan concurrently).
 constexpr int kPlanBatch = 8;
 struct PlanBatch {
   DevicePlanArgs ranks[kPlanBatch];
 };
 
-__global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
-  DevicePlanArgs a = batch.ranks[blockIdx.x];
+// Counts of chunk blockIdx.x of ring position blockIdx.y of rank batch.ranks[blockIdx.z], into
+// the scratch the layout kernel turns into bases: chunk_row_base[pos][ch][e] (rows per local
+// expert), chunk_slot_base[pos][ch] (tokens with a local row), chunk_send_base[ch][g] (own tokens
+// with an expert in EP group g; ring position 0 only), chunk_flags[pos][ch] (1: an expert
+// repeated within a token). Every block writes its counts, also with no tokens in its chunk.
+__global__ void __launch_bounds__(kThreads) device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+  const DevicePlanArgs& a = batch.ranks[blockIdx.z];
+  const DevicePlanView& plan = a.plan;
+  const int ch = int(blockIdx.x), pos = int(blockIdx.y), tid = threadIdx.x;
+  const int W = s.world, E = s.experts_per_rank, K = s.topk, C = s.chunks;
+  const int r = a.rank, my_ep = r / s.tp, src = (r + pos) % W;
   extern __shared__ int smem_raw[];
-  __shared__ typename BlockScan::TempStorage scan_storage;
-  __shared__ int bad_rows, repeated;
-  Smem sm(smem_raw, s);
-  const int tid = threadIdx.x;
-  const int W = s.world, E = s.experts_per_rank, K = s.topk;
-  const int r = a.rank, my_ep = r / s.tp;
-  DevicePlanView& plan = a.plan;
-  auto token_count = [&](int src) {
-    const int t = *a.token_counts[src];
-    if (t < 0 || t > s.t_max) {
-      if (tid == 0) record_input_error(a.error, r, WaitRole::kBadTokenCount, src, s.t_max, uint64_t(t));
-      return 0;  // treated as empty: nothing is read past T_max
-    }
-    return t;
-  };
-  // Local expert of slot k of token t of src, or -1 (masked, another group, or bad id).
-  auto local_expert = [&](const int32_t* ids, int src, int t, int k) {
-    const int e = ids[size_t(t) * K + k];
-    if (e < -1 || e >= s.num_experts) {
-      record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(e)));
-      return -1;
-    }
-    return (e >= 0 && e / E == my_ep) ? e % E : -1;
-  };
-
-  // Pass 1: rows per (ring position, local expert), tokens per ring position; the running
-  // counts at the start of each chunk are the chunk's bases (made absolute in pass 2).
-  for (int i = tid; i < W * E; i += kThreads) sm.cnt[i] = 0;
-  for (int i = tid; i < W; i += kThreads) sm.recv_cnt[i] = 0;
-  if (tid == 0) repeated = 0;
+  int* rows = smem_raw;          // [E]
+  int* group_tokens = rows + E;  // [EP]
+  for (int i = tid; i < E + s.ep; i += kThreads) smem_raw[i] = 0;
   __syncthreads();
-  for (int pos = 0; pos < W; ++pos) {
-    const int src = (r + pos) % W, T = token_count(src);
-    const int32_t* ids = a.route_ids[src];
-    for (int ch = 0; ch < s.chunks; ++ch) {
-      for (int e = tid; e < E; e += kThreads) plan.chunk_row_base[(int64_t(pos) * s.chunks + ch) * E + e] = sm.cnt[pos * E + e];
-      if (tid == 0) plan.chunk_slot_base[pos * s.chunks + ch] = sm.recv_cnt[pos];
-      __syncthreads();  // the snapshot before this chunk's counts
-      const int t = ch * kThreads + tid;
-      if (t < T) {
-        bool mine = false;
-        for (int k = 0; k < K; ++k) {
-          const int e = local_expert(ids, src, t, k);
-          if (e < 0) continue;
-          atomicAdd(&sm.cnt[pos * E + e], 1);
-          mine = true;
-        }
-        if (mine) atomicAdd(&sm.recv_cnt[pos], 1);
-        // Every rank checks every token (not only its own experts), so all refuse together.
-        for (int k = 1; k < K; ++k) {
-          const int e = ids[size_t(t) * K + k];
-          for (int j = 0; j < k && e >= 0; ++j)
-            if (ids[size_t(t) * K + j] == e) {
-              record_input_error(a.error, r, WaitRole::kRepeatedExpert, src, uint64_t(s.num_experts), uint64_t(e));
-              repeated = 1;
-            }
-        }
+  const int T = published_tokens(a, s, src, ch == 0 && tid == 0);
+  const int t = ch * kThreads + tid;
+  const int32_t* ids = a.route_ids[src] + size_t(t) * K;
+  int e[kMaxTopk];
+  for (int k = 0; k < K; ++k) e[k] = t < T ? ids[k] : -1;  // one read of the token's slots
+  bool mine = false, repeated = false;
+  for (int k = 0; k < K; ++k) {
+    if (e[k] < -1 || e[k] >= s.num_experts) {
+      record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(e[k])));
+      e[k] = -1;  // masked, as the placing kernel masks it
+    }
+    // Every rank checks every token (not only its own experts), so all refuse together.
+    for (int j = 0; j < k; ++j)
+      if (e[k] >= 0 && e[j] == e[k]) {
+        record_input_error(a.error, r, WaitRole::kRepeatedExpert, src, uint64_t(s.num_experts), uint64_t(e[k]));
+        repeated = true;
       }
-      __syncthreads();
+    const bool local = e[k] >= 0 && e[k] / E == my_ep;
+    mine |= local;
+    warp_count(rows, local ? e[k] % E : -1);
+    if (pos == 0) {  // the token goes to group e / E once, at its first slot there
+      bool first = e[k] >= 0;
+      for (int j = 0; j < k && first; ++j) first = e[j] < 0 || e[j] / E != e[k] / E;
+      warp_count(group_tokens, first ? e[k] / E : -1);
     }
   }
-  __syncthreads();
-
-  // Pass 2: padded expert offsets, row base of each (ring position, expert), recv prefix sums.
+  const int received = __syncthreads_count(mine);
+  const int any_repeated = __syncthreads_or(repeated);
+  for (int i = tid; i < E; i += kThreads) plan.chunk_row_base[(int64_t(pos) * C + ch) * E + i] = rows[i];
+  if (pos == 0)
+    for (int g = tid; g < s.ep; g += kThreads) plan.chunk_send_base[ch * W + g] = group_tokens[g];
   if (tid == 0) {
-    int offset = 0, tiles = 0, rows = 0;
-    for (int e = 0; e < E; ++e) {
-      int n = 0;
+    plan.chunk_slot_base[pos * C + ch] = received;
+    plan.chunk_flags[pos * C + ch] = any_repeated;
+  }
+}
+
+// Shared memory of the layout kernel: cnt[W][E], base[W][E], recv_cnt[W], tile_psum[E + 1],
+// key_next[W], warp_cnt[W][kWarps].
+struct LayoutSmem {
+  int* cnt;
+  int* base;
+  int* recv_cnt;
+  int* tile_psum;
+  int* key_next;
+  int* warp_cnt;
+  __device__ LayoutSmem(int* p, const PlanShape& s) {
+    const int W = s.world, E = s.experts_per_rank;
+    cnt = p;
+    base = cnt + W * E;
+    recv_cnt = base + W * E;
+    tile_psum = recv_cnt + W;
+    key_next = tile_psum + E + 1;
+    warp_cnt = key_next + W;
+  }
+  static size_t bytes(const PlanShape& s) {
+    const int W = s.world, E = s.experts_per_rank;
+    return sizeof(int) * size_t(2 * W * E + W + E + 1 + W + W * kWarps);
+  }
+};
+
+// Exclusive prefix over the chunks of one counter, in place; returns the total.
+__device__ int chunk_prefix(int32_t* first, int64_t stride, int chunks) {
+  int running = 0;
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int c = first[ch * stride];
+    first[ch * stride] = running;
+    running += c;
+  }
+  return running;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+  const DevicePlanArgs& a = batch.ranks[blockIdx.x];
+  const DevicePlanView& plan = a.plan;
+  extern __shared__ int smem_raw[];
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ int total_rows, total_tiles, bad_rows;
+  LayoutSmem sm(smem_raw, s);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int W = s.world, E = s.experts_per_rank, C = s.chunks;
+  const int r = a.rank;
+
+  // Chunk counts -> chunk bases relative to their (ring position, expert), ring position, or
+  // destination group; the totals per (ring position, expert) and per ring position.
+  for (int i = tid; i < W * E; i += kThreads) {
+    const int pos = i / E, e = i % E;
+    sm.cnt[i] = chunk_prefix(plan.chunk_row_base + int64_t(pos) * C * E + e, E, C);
+  }
+  bool repeated = false;
+  for (int pos = tid; pos < W; pos += kThreads) {
+    sm.recv_cnt[pos] = chunk_prefix(plan.chunk_slot_base + pos * C, 1, C);
+    for (int ch = 0; ch < C; ++ch) repeated |= plan.chunk_flags[pos * C + ch] != 0;
+  }
+  for (int g = tid; g < s.ep; g += kThreads) chunk_prefix(plan.chunk_send_base + g, W, C);
+  if (tid == 0) total_rows = total_tiles = 0;
+  repeated = __syncthreads_or(repeated);  // also: cnt and recv_cnt complete
+
+  // Expert segments: tiles per expert scanned (a segment starts at 128 x the tiles before it),
+  // row base of each (ring position, expert) inside the segment.
+  for (int e0 = 0; e0 < E; e0 += kThreads) {
+    const int e = e0 + tid;
+    int n = 0;
+    if (e < E)
       for (int pos = 0; pos < W; ++pos) n += sm.cnt[pos * E + e];
+    const int tiles = (n + kGemmBlockM - 1) / kGemmBlockM;
+    int before, sum;
+    BlockScan(scan_storage).ExclusiveSum(tiles, before, sum);
+    before += total_tiles;
+    if (e < E) {
       plan.expert_rows[e] = n;
-      plan.expert_offset[e] = offset;
-      sm.tile_psum[e] = tiles;
-      int b = offset;
+      plan.expert_offset[e] = before * kGemmBlockM;
+      sm.tile_psum[e] = before;
+      int b = before * kGemmBlockM;
       for (int pos = 0; pos < W; ++pos) {
         sm.base[pos * E + e] = b;
         b += sm.cnt[pos * E + e];
       }
-      offset += (n + kGemmBlockM - 1) / kGemmBlockM * kGemmBlockM;
-      tiles += (n + kGemmBlockM - 1) / kGemmBlockM;
-      rows += n;
+      atomicAdd(&total_rows, n);  // an order-free integer sum
     }
-    plan.expert_offset[E] = offset;
-    sm.tile_psum[E] = tiles;
-    plan.counts[0] = tiles;
-    plan.counts[1] = rows;
+    __syncthreads();  // scan storage reused; everyone read total_tiles
+    if (tid == 0) total_tiles += sum;
+    __syncthreads();
+  }
+  const int num_m = total_tiles, offset_end = num_m * kGemmBlockM;
+  if (tid == 0) {
+    plan.expert_offset[E] = offset_end;
+    sm.tile_psum[E] = num_m;
+    plan.counts[0] = num_m;
+    plan.counts[1] = total_rows;
     plan.counts[2] = 1;
     plan.recv_psum[0] = 0;
     for (int pos = 0; pos < W; ++pos) {
@@ -173,86 +225,38 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, c
       plan.recv_psum[pos + 1] = plan.recv_psum[pos] + sm.recv_cnt[pos];
     }
     // Rows beyond the buffers, or an expert repeated within a token (which breaks the row
-    // placement below): refuse the whole plan.
-    bad_rows = offset > s.max_rows || repeated;
-    if (offset > s.max_rows)
-      record_input_error(a.error, r, WaitRole::kRowOverflow, r, uint64_t(s.max_rows), uint64_t(offset));
+    // placement): refuse the whole plan.
+    bad_rows = offset_end > s.max_rows || repeated;
+    if (offset_end > s.max_rows)
+      record_input_error(a.error, r, WaitRole::kRowOverflow, r, uint64_t(s.max_rows), uint64_t(offset_end));
     if (bad_rows) {
       plan.counts[0] = 0;
       plan.counts[2] = 0;  // the placing kernel writes nothing
       plan.num_tiles[0] = plan.num_tiles[1] = 0;
       for (int pos = 0; pos <= W; ++pos) plan.recv_psum[pos] = 0;  // nothing to dispatch or combine
+    } else {
+      plan.num_tiles[0] = num_m * s.n_blocks0;
+      plan.num_tiles[1] = num_m * s.n_blocks1;
     }
   }
   __syncthreads();
   if (bad_rows) {
     // No later kernel may follow stale indices: the own tokens are sent nowhere.
-    const int T = token_count(r);
+    const int T = published_tokens(a, s, r, false);
     for (int64_t i = tid; i < int64_t(T) * W; i += kThreads) plan.send_pos[i] = -1;
     return;
   }
 
   // Chunk bases made absolute: the source's row base per expert, the source's first slot.
-  for (int64_t i = tid; i < int64_t(W) * s.chunks * E; i += kThreads) {
-    const int pos = int(i / (int64_t(s.chunks) * E)), e = int(i % E);
+  for (int64_t i = tid; i < int64_t(W) * C * E; i += kThreads) {
+    const int pos = int(i / (int64_t(C) * E)), e = int(i % E);
     plan.chunk_row_base[i] += sm.base[pos * E + e];
   }
-  for (int i = tid; i < W * s.chunks; i += kThreads) plan.chunk_slot_base[i] += plan.recv_psum[i / s.chunks];
+  for (int i = tid; i < W * C; i += kThreads) plan.chunk_slot_base[i] += plan.recv_psum[i / C];
 
-  // Pass 4: positions of the own tokens in the send list to every destination.
-  {
-    const int T = token_count(r);
-    const int32_t* ids = a.route_ids[r];
-    for (int d = 0; d < W; ++d) {
-      const int d_ep = d / s.tp;
-      int running = 0;  // identical in every thread (block-wide totals)
-      for (int chunk = 0; chunk < T; chunk += kThreads) {
-        const int t = chunk + tid;
-        int flag = 0;
-        if (t < T)
-          for (int k = 0; k < K; ++k) {
-            const int e = ids[size_t(t) * K + k];
-            if (e >= 0 && e < s.num_experts && e / E == d_ep) flag = 1;
-          }
-        int p, total;
-        BlockScan(scan_storage).ExclusiveSum(flag, p, total);
-        if (t < T) plan.send_pos[size_t(t) * W + d] = flag ? running + p : -1;
-        running += total;
-        __syncthreads();  // scan storage reused
-      }
-    }
-  }
-
-  // Pass 5: M tiles (expert-major), last ring position, layer0 order, GEMM tile lists.
-  for (int e = tid; e < E; e += kThreads) {
-    const int rows = plan.expert_rows[e], offset = plan.expert_offset[e];
-    for (int i = 0; i * kGemmBlockM < rows; ++i) {
-      const int m = sm.tile_psum[e] + i;
-      const int n = min(kGemmBlockM, rows - i * kGemmBlockM);
-      const int last_row = offset + i * kGemmBlockM + n - 1;
-      int last = 0;
-      for (int pos = W - 1; pos >= 0; --pos)
-        if (sm.cnt[pos * E + e] > 0 && sm.base[pos * E + e] <= last_row) {
-          last = pos;
-          break;
-        }
-      plan.m_tile_row[m] = offset + i * kGemmBlockM;
-      plan.m_tile_rows[m] = n;
-      plan.m_tile_last[m] = last;
-    }
-  }
-  __syncthreads();
-  const int num_m = sm.tile_psum[E];
-  if (tid == 0) {
-    // Stable counting sort by last ring position: tiles fed only by the own rank first.
-    for (int pos = 0; pos <= W; ++pos) sm.last_cnt[pos] = 0;
-    for (int m = 0; m < num_m; ++m) ++sm.last_cnt[plan.m_tile_last[m] + 1];
-    for (int pos = 0; pos < W; ++pos) sm.last_cnt[pos + 1] += sm.last_cnt[pos];
-    for (int m = 0; m < num_m; ++m) plan.layer0_order[sm.last_cnt[plan.m_tile_last[m]]++] = m;
-    plan.num_tiles[0] = num_m * s.n_blocks0;
-    plan.num_tiles[1] = num_m * s.n_blocks1;
-  }
-  __syncthreads();
+  // M tiles (expert-major) and the layer0 order: a stable counting sort of the tiles by their
+  // last ring position (tiles fed only by the own rank first). key_next[p] is where the next
+  // tile with key p goes; inside a chunk of tiles, warps in order, lanes in order.
   auto expert_of = [&](int m) {  // largest e with tile_psum[e] <= m
     int lo = 0, hi = E - 1;
     while (lo < hi) {
@@ -261,6 +265,55 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, c
     }
     return lo;
   };
+  for (int i = tid; i < W; i += kThreads) sm.key_next[i] = 0;
+  __syncthreads();
+  for (int m = tid; m < num_m; m += kThreads) {
+    const int e = expert_of(m), i = m - sm.tile_psum[e];
+    const int rows = plan.expert_rows[e] - i * kGemmBlockM;
+    const int first_row = plan.expert_offset[e] + i * kGemmBlockM;
+    const int last_row = first_row + min(kGemmBlockM, rows) - 1;
+    int last = 0;
+    for (int pos = W - 1; pos >= 0; --pos)
+      if (sm.cnt[pos * E + e] > 0 && sm.base[pos * E + e] <= last_row) {
+        last = pos;
+        break;
+      }
+    plan.m_tile_row[m] = first_row;
+    plan.m_tile_rows[m] = min(kGemmBlockM, rows);
+    plan.m_tile_last[m] = last;
+    atomicAdd(&sm.key_next[last], 1);
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int p = 0, start = 0; p < W; ++p) {
+      const int n = sm.key_next[p];
+      sm.key_next[p] = start;
+      start += n;
+    }
+  for (int m0 = 0; m0 < num_m; m0 += kThreads) {
+    const int m = m0 + tid;
+    const int key = m < num_m ? plan.m_tile_last[m] : -1;  // written by this thread above
+    const unsigned same = __match_any_sync(kFullWarp, key);
+    const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
+    for (int i = tid; i < W * kWarps; i += kThreads) sm.warp_cnt[i] = 0;
+    __syncthreads();
+    if (key >= 0 && lane == __ffs(same) - 1) sm.warp_cnt[key * kWarps + warp] = __popc(same);
+    __syncthreads();
+    for (int p = tid; p < W; p += kThreads) {  // per key: exclusive scan over the warps
+      int next = sm.key_next[p];
+      for (int w = 0; w < kWarps; ++w) {
+        const int c = sm.warp_cnt[p * kWarps + w];
+        sm.warp_cnt[p * kWarps + w] = next;
+        next += c;
+      }
+      sm.key_next[p] = next;
+    }
+    __syncthreads();
+    if (key >= 0) plan.layer0_order[sm.warp_cnt[key * kWarps + warp] + rank_in_warp] = m;
+    __syncthreads();  // warp_cnt is zeroed again for the next chunk
+  }
+
+  // GEMM tile lists (layer0 groups follow the layer0 order).
   for (int64_t i = tid; i < int64_t(num_m) * s.n_blocks0; i += kThreads) {
     int q, n;
     raster_tile(TileOrder::kRowMajor, a.layer0_group_m, i, num_m, s.n_blocks0, q, n);
@@ -287,9 +340,10 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_kernel(PlanShape s, c
   }
 }
 
-// Pass 3 for chunk blockIdx.x of ring position blockIdx.y of rank batch.ranks[blockIdx.z]: the
-// chunk's tokens get consecutive slots from chunk_slot_base (block scan), each (token, slot)
-// its row: the expert's chunk base, plus the earlier warps' count, plus its rank in the warp.
+// Chunk blockIdx.x of ring position blockIdx.y of rank batch.ranks[blockIdx.z]: the chunk's
+// tokens get consecutive slots from chunk_slot_base (block scan), each (token, slot) its row:
+// the expert's chunk base, plus the earlier warps' count, plus its rank in the warp. Chunks of
+// the own tokens (ring position 0) also write the send positions to every destination.
 __global__ void __launch_bounds__(kThreads, 1) device_plan_place_kernel(PlanShape s,
                                                                           const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
@@ -298,9 +352,8 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_place_kernel(PlanShap
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int W = s.world, E = s.experts_per_rank, K = s.topk, R = s.rows_per_token;
   const int r = a.rank, my_ep = r / s.tp, src = (r + pos) % W;
-  if (plan.counts[2] == 0) return;  // a refused plan places nothing (the counting kernel said why)
-  const int T_published = *a.token_counts[src];
-  const int T = T_published < 0 || T_published > s.t_max ? 0 : T_published;
+  if (plan.counts[2] == 0) return;  // a refused plan places nothing (the counting kernels said why)
+  const int T = published_tokens(a, s, src, false);
   if (ch * kThreads >= T) return;
   extern __shared__ int smem_raw[];
   int* warp_cnt = smem_raw;                 // [kWarps][E]
@@ -312,28 +365,42 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_place_kernel(PlanShap
   const int t = ch * kThreads + tid;
   int lk[kMaxTopk];
   unsigned pending = 0;  // bit k: slot k still needs its rank within the warp
+  uint64_t groups = 0;   // bit g: the token has an expert in EP group g
   for (int k = 0; k < K; ++k) {
     const int e = t < T ? ids[size_t(t) * K + k] : -1;  // bad ids were reported by the counting kernel
-    lk[k] = (e >= 0 && e < s.num_experts && e / E == my_ep) ? e % E : -1;
+    const bool valid = e >= 0 && e < s.num_experts;
+    lk[k] = (valid && e / E == my_ep) ? e % E : -1;
     if (lk[k] >= 0) pending |= 1u << k;
+    if (valid) groups |= uint64_t(1) << (e / E);
   }
   const int mine = pending != 0;
   int p, total;
   BlockScan(scan_storage).ExclusiveSum(mine, p, total);
+  if (pos == 0)
+    for (int g = 0; g < s.ep; ++g) {  // send positions: the token's rank among the own tokens for group g
+      const int flag = int(groups >> g & 1u);
+      int q, n;
+      __syncthreads();  // scan storage reused
+      BlockScan(scan_storage).ExclusiveSum(flag, q, n);
+      if (t < T) {
+        const int at = flag ? plan.chunk_send_base[ch * W + g] + q : -1;
+        for (int d = g * s.tp; d < (g + 1) * s.tp; ++d) plan.send_pos[size_t(t) * W + d] = at;
+      }
+    }
   // Rank of each slot among this warp's earlier tokens with the same expert.
   for (int e = lane; e < E; e += 32) warp_cnt[warp * E + e] = 0;
   __syncwarp();
   int wrank[kMaxTopk];
   while (true) {
-    const unsigned any = __ballot_sync(0xffffffffu, pending != 0);
+    const unsigned any = __ballot_sync(kFullWarp, pending != 0);
     if (any == 0) break;
     const int leader = __ffs(any) - 1;
     const int my_first = pending ? lk[__ffs(pending) - 1] : -1;
-    const int e_lead = __shfl_sync(0xffffffffu, my_first, leader);
+    const int e_lead = __shfl_sync(kFullWarp, my_first, leader);
     int kk = -1;
     for (int k = 0; k < K; ++k)
       if ((pending >> k & 1u) && lk[k] == e_lead) kk = k;
-    const unsigned holders = __ballot_sync(0xffffffffu, kk >= 0);
+    const unsigned holders = __ballot_sync(kFullWarp, kk >= 0);
     if (kk >= 0) {
       wrank[kk] = __popc(holders & ((1u << lane) - 1u));
       pending &= ~(1u << kk);
@@ -373,6 +440,7 @@ PlanShape plan_shape(const LayerConfig& c) {
   PlanShape s;
   s.world = c.layout.world;
   s.tp = c.layout.tp;
+  s.ep = c.layout.ep;
   s.experts_per_rank = c.experts_per_rank();
   s.num_experts = c.model.num_experts;
   s.topk = c.model.topk;
@@ -405,7 +473,7 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
                            Tm * W * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, 3 * 4,
                            max_m_tiles * n_blocks0 * int64_t(sizeof(GemmTile)),
                            max_m_tiles * n_blocks1 * int64_t(sizeof(GemmTile)), 2 * 4, W * chunks * E * 4,
-                           W * chunks * 4};
+                           W * chunks * 4, chunks * W * 4, W * chunks * 4};
   for (int64_t bytes : sizes) {
     offsets_.push_back(total_bytes_);
     total_bytes_ += (bytes + 255) / 256 * 256;
@@ -419,7 +487,8 @@ DevicePlanView DevicePlanLayout::view(void* base) const {
           reinterpret_cast<float*>(at(6)),    reinterpret_cast<int32_t*>(at(7)),  reinterpret_cast<int32_t*>(at(8)),
           reinterpret_cast<int32_t*>(at(9)),  reinterpret_cast<int32_t*>(at(10)), reinterpret_cast<int32_t*>(at(11)),
           reinterpret_cast<int32_t*>(at(12)), reinterpret_cast<GemmTile*>(at(13)), reinterpret_cast<GemmTile*>(at(14)),
-          reinterpret_cast<int32_t*>(at(15)), reinterpret_cast<int32_t*>(at(16)), reinterpret_cast<int32_t*>(at(17))};
+          reinterpret_cast<int32_t*>(at(15)), reinterpret_cast<int32_t*>(at(16)), reinterpret_cast<int32_t*>(at(17)),
+          reinterpret_cast<int32_t*>(at(18)), reinterpret_cast<int32_t*>(at(19))};
 }
 
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream) {
@@ -431,20 +500,28 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
                 "build_device_plan: a null routing or error pointer");
     COMET_CHECK(a.layer0_group_m >= 1, "build_device_plan: layer0_group_m " << a.layer0_group_m << " must be >= 1");
   }
-  const size_t smem = Smem::bytes(s);
-  COMET_CHECK(smem <= 200 * 1024, "build_device_plan: " << smem << " bytes of shared memory for W=" << s.world
-                                                        << " and E/EP=" << s.experts_per_rank << " is too much");
+  const size_t count_smem = sizeof(int) * size_t(s.experts_per_rank + s.ep);
+  const size_t layout_smem = LayoutSmem::bytes(s);
   const size_t place_smem = sizeof(int) * size_t(kWarps + 1) * s.experts_per_rank;
-  COMET_CUDA_CHECK(cudaFuncSetAttribute(device_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  COMET_CHECK(layout_smem <= 200 * 1024 && place_smem <= 200 * 1024,
+              "build_device_plan: " << std::max(layout_smem, place_smem) << " bytes of shared memory for W=" << s.world
+                                    << " and E/EP=" << s.experts_per_rank << " is too much");
+  COMET_CUDA_CHECK(
+      cudaFuncSetAttribute(device_plan_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(count_smem)));
+  COMET_CUDA_CHECK(
+      cudaFuncSetAttribute(device_plan_layout_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(layout_smem)));
   COMET_CUDA_CHECK(
       cudaFuncSetAttribute(device_plan_place_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(place_smem)));
   for (int first = 0; first < count; first += kPlanBatch) {
     PlanBatch batch{};
     const int n = std::min(kPlanBatch, count - first);
     std::copy(args + first, args + first + n, batch.ranks);
-    device_plan_kernel<<<n, kThreads, smem, stream>>>(s, batch);
+    const dim3 chunks(s.chunks, s.world, n);
+    device_plan_count_kernel<<<chunks, kThreads, count_smem, stream>>>(s, batch);
     COMET_CUDA_CHECK_LAUNCH();
-    device_plan_place_kernel<<<dim3(s.chunks, s.world, n), kThreads, place_smem, stream>>>(s, batch);
+    device_plan_layout_kernel<<<n, kThreads, layout_smem, stream>>>(s, batch);
+    COMET_CUDA_CHECK_LAUNCH();
+    device_plan_place_kernel<<<chunks, kThreads, place_smem, stream>>>(s, batch);
     COMET_CUDA_CHECK_LAUNCH();
   }
 }

@@ -27,6 +27,10 @@
 //   chunk_row_base [W * C * E/EP] first A row of chunk c of ring position p for each expert
 //                                 (C = ceil(Tm / 1024) token chunks per source; plan scratch)
 //   chunk_slot_base [W * C]       first received slot of chunk c of ring position p (scratch)
+//   chunk_send_base [C * W]       own tokens before chunk c sent to EP group g (scratch)
+//   chunk_flags    [W * C]        1: chunk c of ring position p repeats an expert in a token
+//                                 (scratch; the chunk bases above hold counts until the layout
+//                                 kernel turns them into bases)
 #pragma once
 
 #include <cstdint>
@@ -59,6 +63,8 @@ struct DevicePlanView {
   int32_t* num_tiles;
   int32_t* chunk_row_base;
   int32_t* chunk_slot_base;
+  int32_t* chunk_send_base;
+  int32_t* chunk_flags;
 };
 
 // Sizes of the plan buffers of one rank for `config` (block_m must be kGemmBlockM).
@@ -102,9 +108,10 @@ struct DevicePlanArgs {
   unsigned* combine_claims = nullptr;  // optional: zeroed for this call's fused layer1
 };
 
-// Launches the plan kernels of one rank (asynchronous on `stream`): one block counts rows per
-// (source, token chunk, expert) and lays out segments, tiles and send positions; then one block
-// per (source, chunk) places that chunk's tokens and rows, in parallel.
+// Launches the plan kernels of one rank (asynchronous on `stream`): one block per (source, token
+// chunk) counts the chunk's rows per expert; one block lays out segments and tiles from those
+// counts; then one block per (source, chunk) places that chunk's tokens and rows, and the own
+// chunks their send positions (device_plan.cu).
 void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream);
 // The plans of `count` ranks of one device, several per launch (the ranks' plans are
 // independent: each only reads the published routing).
