@@ -68,7 +68,7 @@ struct NCommChoice {
 int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, double link_gbps, double per_block_gbps);
 
 // Per-rank n_comm for a workload: table entry if one is near, else the cost model on `gpu`:
-// layer0 max(8, analytic_n_comm), layer1 2 (floors measured on the H200, src/core/tuning.cpp).
+// layer0 max(32, analytic_n_comm), layer1 2 (floors measured on the H200, src/core/tuning.cpp).
 NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const LayerConfig& config,
                           const LayerCost& cost, const GpuSpec& gpu);
 

@@ -95,10 +95,10 @@ TEST(Tuning, ChooseUsesTheTableWhenNearAndTheCostModelOtherwise) {
   NCommChoice none = choose_n_comm(nullptr, tuning_key(c, "NVIDIA H200", 132, 4096), c, cost, h200);
   EXPECT_EQ(none.n_comm0, far.n_comm0);
   EXPECT_NE(none.source.find("cost model"), std::string::npos);
-  // The fallback's floors: 8 layer0 blocks at least, 2 layer1 blocks (what W = 8 measured).
+  // The fallback's floors: 32 layer0 blocks at least, 2 layer1 blocks (what W = 8 measured).
   cost.link_bytes_max_rank = 0;
   const NCommChoice idle = choose_n_comm(nullptr, tuning_key(c, "NVIDIA H200", 132, 4096), c, cost, h200);
-  EXPECT_EQ(idle.n_comm0, 8);
+  EXPECT_EQ(idle.n_comm0, 32);
   EXPECT_EQ(idle.n_comm1, 2);
 }
 
