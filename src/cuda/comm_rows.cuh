@@ -3,22 +3,26 @@
 // copy kernels (without). Same code, same arithmetic: fused and unfused are bitwise equal by
 // construction, not by two implementations agreeing.
 //
-//   dispatch  one warp per received token (ring order, own rows first): every lane loads
-//             kCopyUnroll 16-byte chunks of the owner's row before storing any of them, then
-//             stores them to every A row the token feeds; with tile_arrivals set, each lane
-//             owning one of those rows release-adds 1 to the row's M tile counter
+//   dispatch  one warp per received token (ring order, own rows first), kDispatchTokens tokens
+//             at once: every lane loads kCopyUnroll 16-byte chunks of each owner's row before
+//             storing any of them, then stores them to every A row the token feeds; with
+//             tile_arrivals set, each lane owning one of those rows release-adds 1 to the row's
+//             M tile counter
 //   combine   one warp per item (column group, received token), column-group-major: the
 //             token's rows are summed in fp32 in slot order (acc = fma(w, x, acc)), kCombineUnroll
-//             chunks per lane at a time, rounded to bf16 once and stored into the owner's
-//             combine_recv slot; with col_done set, a warp acquire-waits every column block of
-//             a group once when it enters the group; with combine_claims set, warps claim
-//             items from a counter, so blocks that finish their GEMM tiles join in
+//             chunks per lane of up to kCombineRows rows loaded before their fmas, rounded to
+//             bf16 once and stored into the owner's combine_recv slot; with col_done set, a warp
+//             acquire-waits every column block of a group once when it enters the group; with
+//             combine_claims set, warps claim items from a counter, so blocks that finish their
+//             GEMM tiles join in
 //   tracing   with f.trace set, lane 0 of each warp records its chunks and waits
 //             (cuda/trace_record.cuh); the data movement is the same either way
 //
 // Why this shape (H200, docs/results/): a warp that loads one chunk per lane and stores it
-// before the next load is bound by load latency (~1 us per 512 bytes per warp); keeping 8
-// chunks per lane in flight gives each SM about 8x the bytes in flight.
+// before the next load is bound by load latency (~1 us per 512 bytes per warp, more across
+// NVLink); keeping 8 chunks per lane of each of 2 tokens in flight (dispatch) and the chunks of
+// up to 4 rows (combine) gives each SM that many times the bytes in flight. The fused kernels'
+// register budget is the GEMM's (168 per thread), so the copies' registers are free there.
 //
 // NOTES (memory ordering): dispatch lanes fence their row stores (__threadfence), the warp
 // synchronizes, then the lanes holding a row release-add; the GEMM producer's acquire plus
@@ -36,7 +40,8 @@
 
 namespace comet::cuda {
 
-inline constexpr int kCopyUnroll = 8;     // 16-byte chunks in flight per lane (dispatch)
+inline constexpr int kCopyUnroll = 8;     // 16-byte chunks in flight per lane and token (dispatch)
+inline constexpr int kDispatchTokens = 2; // tokens a dispatch warp moves at once
 inline constexpr int kMaxRowsPerToken = 32;  // a token's local rows fit one warp's lanes
 inline constexpr int kMaxWorld = 64;         // ranks (recv_psum is staged in shared memory)
 
@@ -53,46 +58,67 @@ __device__ inline void load_recv_psum(const FusedCommArgs& f, int32_t* psum) {
   __syncthreads();
 }
 
-// Dispatch: warp `warp` of `num_warps` moves slots warp, warp + num_warps, ...
+// Dispatch: warp `warp` of `num_warps` moves slots warp, warp + num_warps, ..., kDispatchTokens
+// of them at once (their loads in flight together, then each token's stores and signal).
 __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {
   const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
   uint4* a_rows = static_cast<uint4*>(f.a_rows);
   if (warp == 0 && lane == 0) link_zero(f.link_reset);  // link emulation: the combine's pacer
   int pos = 0;  // slots only grow, so the ring position only advances
   ChunkRecorder trace(f.trace, 0, f.rank);
-  for (int slot = warp; slot < total; slot += num_warps) {
-    trace.begin_item(slot);
-    while (pos + 1 < f.world && psum[pos + 1] <= slot) ++pos;
-    const int src = (f.rank + pos) % f.world;
-    const uint64_t landed = link_pull(f.link, src == f.rank ? 0 : uint64_t(chunks) * 16);  // emulated link
-    const int32_t* rows = f.plan.recv_rows + int64_t(slot) * f.rows_per_token;
-    const int my_row = lane < f.rows_per_token ? rows[lane] : -1;
-    const int num_rows = __popc(__ballot_sync(~0u, my_row >= 0));  // rows are -1 padded at the end
-    const uint4* x = reinterpret_cast<const uint4*>(static_cast<const char*>(f.peers[src]) + f.x_offset) +
-                     int64_t(f.plan.recv_token[slot]) * chunks;
-    for (int c0 = 0; c0 < chunks; c0 += 32 * kCopyUnroll) {
-      uint4 v[kCopyUnroll];
+  for (int first = warp; first < total; first += kDispatchTokens * num_warps) {
+    const uint4* x[kDispatchTokens];
+    int my_row[kDispatchTokens], num_rows[kDispatchTokens];
+    uint64_t landed[kDispatchTokens];
 #pragma unroll
-      for (int u = 0; u < kCopyUnroll; ++u) {
-        const int c = c0 + 32 * u + lane;
-        if (c < chunks) v[u] = x[c];  // read once over the link, written to every row it feeds
-      }
-      for (int j = 0; j < num_rows; ++j) {
-        uint4* dst = a_rows + int64_t(__shfl_sync(~0u, my_row, j)) * chunks;
+    for (int b = 0; b < kDispatchTokens; ++b) {  // warp-uniform: a slot past the end moves nothing
+      const int slot = first + b * num_warps;
+      x[b] = nullptr;
+      my_row[b] = -1;
+      num_rows[b] = 0;
+      landed[b] = 0;
+      if (slot >= total) continue;
+      trace.begin_item(slot);
+      while (pos + 1 < f.world && psum[pos + 1] <= slot) ++pos;
+      const int src = (f.rank + pos) % f.world;
+      landed[b] = link_pull(f.link, src == f.rank ? 0 : uint64_t(chunks) * 16);  // emulated link
+      const int32_t* rows = f.plan.recv_rows + int64_t(slot) * f.rows_per_token;
+      my_row[b] = lane < f.rows_per_token ? rows[lane] : -1;
+      num_rows[b] = __popc(__ballot_sync(~0u, my_row[b] >= 0));  // rows are -1 padded at the end
+      x[b] = reinterpret_cast<const uint4*>(static_cast<const char*>(f.peers[src]) + f.x_offset) +
+             int64_t(f.plan.recv_token[slot]) * chunks;
+    }
+    for (int c0 = 0; c0 < chunks; c0 += 32 * kCopyUnroll) {
+      uint4 v[kDispatchTokens][kCopyUnroll];
+#pragma unroll
+      for (int b = 0; b < kDispatchTokens; ++b)
 #pragma unroll
         for (int u = 0; u < kCopyUnroll; ++u) {
           const int c = c0 + 32 * u + lane;
-          if (c < chunks) dst[c] = v[u];
+          if (x[b] != nullptr && c < chunks) v[b][u] = x[b][c];  // read once over the link
         }
+#pragma unroll
+      for (int b = 0; b < kDispatchTokens; ++b)
+        for (int j = 0; j < num_rows[b]; ++j) {  // written to every row the token feeds
+          uint4* dst = a_rows + int64_t(__shfl_sync(~0u, my_row[b], j)) * chunks;
+#pragma unroll
+          for (int u = 0; u < kCopyUnroll; ++u) {
+            const int c = c0 + 32 * u + lane;
+            if (c < chunks) dst[c] = v[b][u];
+          }
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < kDispatchTokens; ++b) {
+      if (x[b] == nullptr) continue;
+      link_wait(f.link, landed[b]);
+      if (f.tile_arrivals != nullptr) {
+        __threadfence();
+        __syncwarp();
+        if (my_row[b] >= 0) red_release_gpu(f.tile_arrivals + my_row[b] / kGemmBlockM, 1);
       }
+      trace.end_item();
     }
-    link_wait(f.link, landed);
-    if (f.tile_arrivals != nullptr) {
-      __threadfence();
-      __syncwarp();
-      if (my_row >= 0) red_release_gpu(f.tile_arrivals + my_row / kGemmBlockM, 1);
-    }
-    trace.end_item();
   }
   trace.flush();
 }
@@ -125,10 +151,12 @@ inline constexpr int kCombineClaim = 8;   // items a warp claims at once from th
                                           // (one atomic on one address per 8 items)
 inline constexpr int kCombineUnroll = 4;  // 16-byte chunks per lane in flight per row (fp32
                                           // accumulators bound it: 8 per chunk)
+inline constexpr int kCombineRows = 4;    // rows of a token whose loads are in flight together
 
 // The lane's kCombineUnroll chunks c0 + 32 u + lane (those below c_end) of one bf16 row, added
 // to acc (8 fp32 per chunk) as acc = fma(w, x, acc): every load is issued before the first fma.
-// Combine and owner reduce share it, so both sum in the same arithmetic.
+// The owner reduce uses it; the combine issues the same fmas (fma_chunk) after loading several
+// rows at once, so both sum in the same arithmetic.
 __device__ __forceinline__ void fma_row_chunks(float* acc, float w, const uint4* src, int c0, int c_end, int lane) {
   uint4 v[kCombineUnroll];
 #pragma unroll
@@ -215,9 +243,28 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
       float acc[8 * kCombineUnroll];
 #pragma unroll
       for (int q = 0; q < 8 * kCombineUnroll; ++q) acc[q] = 0.f;
-      for (int r = 0; r < num_rows; ++r) {
-        const uint4* src = out_rows + int64_t(__shfl_sync(~0u, my_row, r)) * chunks;
-        fma_row_chunks(acc, __shfl_sync(~0u, my_weight, r), src, c0, c_end, lane);
+      for (int r0 = 0; r0 < num_rows; r0 += kCombineRows) {
+        // The loads of up to kCombineRows rows first, then their fmas in slot order (the same
+        // arithmetic as one row at a time).
+        uint4 v[kCombineRows][kCombineUnroll];
+#pragma unroll
+        for (int i = 0; i < kCombineRows; ++i)
+          if (r0 + i < num_rows) {  // warp-uniform
+            const uint4* src = out_rows + int64_t(__shfl_sync(~0u, my_row, r0 + i)) * chunks;
+#pragma unroll
+            for (int u = 0; u < kCombineUnroll; ++u) {
+              const int c = c0 + 32 * u + lane;
+              if (c < c_end) v[i][u] = src[c];
+            }
+          }
+#pragma unroll
+        for (int i = 0; i < kCombineRows; ++i)
+          if (r0 + i < num_rows) {
+            const float w = __shfl_sync(~0u, my_weight, r0 + i);
+#pragma unroll
+            for (int u = 0; u < kCombineUnroll; ++u)
+              if (c0 + 32 * u + lane < c_end) fma_chunk(acc + 8 * u, w, v[i][u]);
+          }
       }
       store_row_chunks(dst, acc, c0, c_end, lane);
     }
