@@ -461,6 +461,9 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
   COMET_CHECK(c.tiles.block_m == kGemmBlockM, "the CUDA backend needs tiles.block_m = " << kGemmBlockM << ", got "
                                                                                         << c.tiles.block_m);
   COMET_CHECK(c.model.topk <= kMaxTopk, "the CUDA backend supports topk <= " << kMaxTopk << ", got " << c.model.topk);
+  COMET_CHECK(c.max_tokens_per_rank >= 1,
+              "the device plan needs max_tokens_per_rank >= 1 (its kernels have a block per token chunk), got "
+                  << c.max_tokens_per_rank);
   const int64_t W = c.layout.world, Tm = c.max_tokens_per_rank, E = c.experts_per_rank();
   const int64_t chunks = (Tm + kThreads - 1) / kThreads;
   rows_per_token = std::min<int>(c.model.topk, int(E));

@@ -252,5 +252,16 @@ TEST(DevicePlan, BadInputIsRecordedNotWritten) {
   EXPECT_EQ(e.claimed, 0) << describe(e);
 }
 
+// A host-side check (runs without a GPU): a plan sized for no tokens is refused by name.
+TEST(DevicePlan, RefusesZeroMaxTokens) {
+  PlanCase pc{2, 1, 8, 2, 0, {0, 0}, {}, 1};
+  try {
+    const DevicePlanLayout layout(pc.config());
+    FAIL() << "a layout for max_tokens_per_rank = 0 was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("max_tokens_per_rank >= 1"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace comet::cuda
