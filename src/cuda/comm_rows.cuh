@@ -117,8 +117,11 @@ __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum
         __syncwarp();
         if (my_row[b] >= 0) red_release_gpu(f.tile_arrivals + my_row[b] / kGemmBlockM, 1);
       }
-      trace.end_item();
     }
+    // After every token's wait and signal, so that a chunk record closed here covers them all.
+#pragma unroll
+    for (int b = 0; b < kDispatchTokens; ++b)
+      if (x[b] != nullptr) trace.end_item();
   }
   trace.flush();
 }

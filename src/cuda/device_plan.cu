@@ -503,6 +503,8 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
                 "build_device_plan: a null routing or error pointer");
     COMET_CHECK(a.layer0_group_m >= 1, "build_device_plan: layer0_group_m " << a.layer0_group_m << " must be >= 1");
   }
+  // The placing kernel keeps a token's EP groups in a 64-bit mask.
+  COMET_CHECK(s.world <= kMaxWorld, "build_device_plan: at most " << kMaxWorld << " ranks, got " << s.world);
   const size_t count_smem = sizeof(int) * size_t(s.experts_per_rank + s.ep);
   const size_t layout_smem = LayoutSmem::bytes(s);
   const size_t place_smem = sizeof(int) * size_t(kWarps + 1) * s.experts_per_rank;

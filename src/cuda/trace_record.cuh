@@ -75,7 +75,7 @@ class ChunkRecorder {
     ++items_;
   }
   __device__ void end_item() {
-    if (on_ && items_ == kTraceChunkItems) flush();
+    if (on_ && items_ >= kTraceChunkItems) flush();
   }
   // Closes the open chunk (before a wait, at the end).
   __device__ void flush() {
