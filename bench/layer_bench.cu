@@ -213,6 +213,7 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
   io::write_trace_files(t, row.trace_path, svg);
   row.trace_events = int64_t(t.events.size());
   row.trace_dropped = t.dropped_events;
+  for (int l = 0; l < 2; ++l) row.timeline[l] = core::timeline_overlap(t, row.rank, l);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "comet/link_emulation.h"
 #include "comet/routing.h"
 #include "comet/tuning.h"
+#include "core/bench_metrics.h"
 
 namespace comet::bench {
 
@@ -97,6 +98,9 @@ struct LayerBenchRow {
   // communication records dropped by a full buffer.
   std::string trace_path;
   int64_t trace_events = 0, trace_dropped = 0;
+  // With a trace: the timed rank's communication time per layer and the part GEMM tiles hid on
+  // the timeline (core::timeline_overlap).
+  core::TimelineOverlap timeline[2];
   bool baselines_run() const { return sequential_us > 0; }
   double speedup_over_sequential() const { return sequential_us / fused_us; }
   double speedup_over_chunked() const { return chunked_us / fused_us; }

@@ -90,6 +90,14 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
     else if (!r.baseline_note.empty())
       os << r.model << " T=" << r.tokens << ": " << r.baseline_note << "; " << r.link.describe() << "\n";
   }
+  for (const auto& r : rows) {
+    if (r.trace_path.empty()) continue;
+    os << r.model << " T=" << r.tokens << ": timeline of rank " << r.rank << " (" << r.trace_path << ")";
+    for (int l = 0; l < 2; ++l)
+      os << (l ? "," : ":") << " layer" << l << " communication " << fixed(r.timeline[l].comm_us, 1) << " us, "
+         << fixed(100 * r.timeline[l].fraction(), 1, "%") << " of it during GEMM tiles";
+    os << "\n";
+  }
 }
 
 std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
@@ -124,7 +132,12 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
       row["baseline_note"] = r.baseline_note;
     }
     if (!r.trace_path.empty())
-      row["trace"] = {{"path", r.trace_path}, {"events", r.trace_events}, {"dropped_events", r.trace_dropped}};
+      row["trace"] = {{"path", r.trace_path},
+                      {"events", r.trace_events},
+                      {"dropped_events", r.trace_dropped},
+                      {"comm_us", {r.timeline[0].comm_us, r.timeline[1].comm_us}},
+                      {"hidden_comm_us", {r.timeline[0].hidden_us, r.timeline[1].hidden_us}},
+                      {"hidden_fraction", {r.timeline[0].fraction(), r.timeline[1].fraction()}}};
     j.push_back(row);
   }
   return j.dump(2);

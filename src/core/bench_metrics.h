@@ -2,6 +2,8 @@
 // measured medians on the host. Pure functions, unit-tested (tests/unit/bench_metrics_test.cpp).
 #pragma once
 
+#include "comet/trace.h"
+
 namespace comet::core {
 
 // Fraction of the communication time that overlapped compute (DESIGN §6; the paper's "86.5% of
@@ -19,5 +21,17 @@ double link_gbps_per_direction(double remote_bytes, int world, double time_us, b
 
 // time_us / bound_us: 1 is at the lower bound, larger is slower. 0 when bound_us <= 0.
 double bound_ratio(double time_us, double bound_us);
+
+// The timeline's view of hidden communication, from a trace of the fused kernels: of the time
+// during which some block of `rank` moved data in `layer` (the union of its kCommChunk events),
+// the part during which some block of the same rank and layer ran a GEMM tile (the union of its
+// kGemmTile events). Layer -1 adds up both layers. Unlike hidden_fraction it does not charge
+// the forward's other steps (plan, publish, owner reduce) to the communication.
+struct TimelineOverlap {
+  double comm_us = 0;    // length of the union of the communication events
+  double hidden_us = 0;  // the part of it covered by GEMM tiles
+  double fraction() const { return comm_us > 0 ? hidden_us / comm_us : 0; }
+};
+TimelineOverlap timeline_overlap(const Trace& trace, int rank, int layer = -1);
 
 }  // namespace comet::core

@@ -47,5 +47,34 @@ TEST(BoundRatio, IsTimeOverBound) {
   EXPECT_DOUBLE_EQ(bound_ratio(100, 0), 0.0);
 }
 
+TEST(TimelineOverlap, IsCommunicationTimeCoveredByGemmTilesOfTheSameRankAndLayer) {
+  Trace t;
+  auto add = [&](int rank, int layer, TraceKind kind, int64_t begin_us, int64_t end_us) {
+    t.events.push_back(make_trace_event(rank, layer, 0, kind, 0, begin_us * 1000, end_us * 1000));
+  };
+  // Rank 0, layer 0: copies 0-10 and 5-20 (20 us once merged), tiles 10-15 and 12-30 (10 us of
+  // the copies covered). Layer 1: copies 100-110 inside a tile 90-120 (all 10 us covered).
+  add(0, 0, TraceKind::kCommChunk, 0, 10);
+  add(0, 0, TraceKind::kCommChunk, 5, 20);
+  add(0, 0, TraceKind::kGemmTile, 10, 15);
+  add(0, 0, TraceKind::kGemmTile, 12, 30);
+  add(0, 1, TraceKind::kGemmTile, 90, 120);
+  add(0, 1, TraceKind::kCommChunk, 100, 110);
+  // Waits, another rank's tiles and the owner reduce (layer 2) never count.
+  add(0, 0, TraceKind::kWait, 0, 10);
+  add(1, 0, TraceKind::kGemmTile, 0, 10);
+  add(0, 2, TraceKind::kReduce, 0, 200);
+  const TimelineOverlap l0 = timeline_overlap(t, 0, 0), l1 = timeline_overlap(t, 0, 1), both = timeline_overlap(t, 0);
+  EXPECT_DOUBLE_EQ(l0.comm_us, 20);
+  EXPECT_DOUBLE_EQ(l0.hidden_us, 10);
+  EXPECT_DOUBLE_EQ(l0.fraction(), 0.5);
+  EXPECT_DOUBLE_EQ(l1.fraction(), 1.0);
+  EXPECT_DOUBLE_EQ(both.comm_us, 30);
+  EXPECT_DOUBLE_EQ(both.hidden_us, 20);
+  // Rank 1 moved nothing: nothing to hide.
+  EXPECT_DOUBLE_EQ(timeline_overlap(t, 1).comm_us, 0);
+  EXPECT_DOUBLE_EQ(timeline_overlap(t, 1).fraction(), 0);
+}
+
 }  // namespace
 }  // namespace comet::core
