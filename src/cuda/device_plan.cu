@@ -59,11 +59,11 @@ __device__ int published_tokens(const DevicePlanArgs& a, const PlanShape& s, int
   return 0;
 }
 
-// Adds `n` to counter[key] once per warp for every distinct key >= 0 among the lanes (all 32
-// lanes call it): contention stays at one atomic per warp and key, even for one local expert.
-__device__ __forceinline__ void warp_count(int* counter, int key, int n = 1) {
+// Adds to counter[key] the number of lanes holding each distinct key >= 0 (all 32 lanes call
+// it): one atomic per warp and key, so contention stays low even for one local expert.
+__device__ __forceinline__ void warp_count(int* counter, int key) {
   const unsigned same = __match_any_sync(kFullWarp, key);
-  if (key >= 0 && (threadIdx.x % 32) == unsigned(__ffs(same) - 1)) atomicAdd(&counter[key], n * __popc(same));
+  if (key >= 0 && (threadIdx.x % 32) == unsigned(__ffs(same) - 1)) atomicAdd(&counter[key], __popc(same));
 }
 
 // Up to kPlanBatch ranks' plans in one launch (virtual ranks on one GPU plan concurrently).
@@ -269,9 +269,9 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   __syncthreads();
   for (int m = tid; m < num_m; m += kThreads) {
     const int e = expert_of(m), i = m - sm.tile_psum[e];
-    const int rows = plan.expert_rows[e] - i * kGemmBlockM;
+    const int rows = min(kGemmBlockM, plan.expert_rows[e] - i * kGemmBlockM);
     const int first_row = plan.expert_offset[e] + i * kGemmBlockM;
-    const int last_row = first_row + min(kGemmBlockM, rows) - 1;
+    const int last_row = first_row + rows - 1;
     int last = 0;
     for (int pos = W - 1; pos >= 0; --pos)
       if (sm.cnt[pos * E + e] > 0 && sm.base[pos * E + e] <= last_row) {
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
         break;
       }
     plan.m_tile_row[m] = first_row;
-    plan.m_tile_rows[m] = min(kGemmBlockM, rows);
+    plan.m_tile_rows[m] = rows;
     plan.m_tile_last[m] = last;
     atomicAdd(&sm.key_next[last], 1);
   }
