@@ -204,7 +204,8 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
     if (stem.size() > 5 && stem.compare(stem.size() - 5, 5, ".json") == 0) stem.resize(stem.size() - 5);
     if (several_rows)
       stem += "-" + row.model + "-t" + std::to_string(row.tokens) + "-n" + std::to_string(row.n_comm0) + "-" +
-              std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m);
+              std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m) + "-s" +
+              std::to_string(row.layer0_stages);
     if (per_process) stem += "-rank" + std::to_string(row.rank);
     row.trace_path = stem + ".json";
   }
@@ -239,7 +240,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     for (const std::string& name : models)
       for (int tokens : o.tokens)
         for (const RoutingSpec& routing : o.routings) workloads.push_back({ep, tp, name, tokens, routing});
-  const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size());
+  const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size() * o.layer0_stages.size());
   const int total = int(workloads.size()) * combos;
   int done = 0;
   for (const Workload& w : workloads) {
@@ -278,7 +279,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       prepare_baselines(c, o, *in, tokens, want, stream, baseline_row, base);
     for (int n0 : o.n_comm0)
       for (int n1 : o.n_comm1)
-        for (int group : o.layer0_group_m) {
+        for (int group : o.layer0_group_m)
+        for (int stages : o.layer0_stages) {
           if (progress)
             progress(done, total,
                      name + " T=" + std::to_string(tokens) + " EPxTP=" + std::to_string(w.ep) + "x" +
@@ -289,6 +291,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           fused.n_comm0 = n0;
           fused.n_comm1 = n1;
           fused.layer0_group_m = group;
+          fused.layer0_stages = stages;
           layer.set_options(fused);
           LayerBenchRow row = baseline_row;
           row.model = name;
@@ -302,6 +305,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.n_comm0 = layer.n_comm().n_comm0;
           row.n_comm1 = layer.n_comm().n_comm1;
           row.layer0_group_m = group;
+          row.layer0_stages = stages;
           row.n_comm_source = layer.n_comm().source;
           layer.forward(in->tensors, stream);
           layer.check(stream);

@@ -34,7 +34,7 @@ struct LayerBenchOptions {
   std::vector<RoutingSpec> routings{RoutingSpec{}};  // routing generators swept (default uniform)
   // Each list is swept (every combination is one row); 0: MoeLayer chooses (tuning table or
   // cost model for n_comm, its default for the raster group).
-  std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0};
+  std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0}, layer0_stages{0};
   TuningTable tuning;  // what n_comm 0 looks up first (comet tune)
   int iters = 20;
   double warmup_ms = 300;
@@ -62,6 +62,7 @@ struct LayerBenchRow {
   int rank = 0;        // the rank whose stream was timed (nccl: this process's)
   int tokens = 0, world = 0, ep = 0, tp = 0;
   int n_comm0 = 0, n_comm1 = 0, layer0_group_m = 0;  // 0: MoeLayer's default group
+  int layer0_stages = 0;                              // 0: MoeLayer's default
   std::string n_comm_source;
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;

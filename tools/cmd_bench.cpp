@@ -55,6 +55,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->delimiter(',')->check(CLI::NonNegativeNumber);
   l->add_option("--group-m0", lo.layer0_group_m, "layer0 raster group heights in M tiles, comma separated list swept (0: default)")
       ->delimiter(',')->check(CLI::NonNegativeNumber);
+  l->add_option("--stages0", lo.layer0_stages,
+                "stages of the fused layer0 tile order, comma separated list swept (0: default; docs/gpu_layer.md)")
+      ->delimiter(',')->check(CLI::NonNegativeNumber);
   l->add_option("--iters", lo.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
   l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(CLI::NonNegativeNumber);
   l->add_option("--seed", lo.seed, "weights, tokens and routing seed");
@@ -165,6 +168,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.n_comm0 = o.n_comm0;
   lo.n_comm1 = o.n_comm1;
   lo.layer0_group_m = o.layer0_group_m;
+  lo.layer0_stages = o.layer0_stages;
   if (!o.tuning_file.empty()) lo.tuning = io::load_tuning_table(o.tuning_file);
   lo.iters = o.iters;
   lo.warmup_ms = o.warmup_ms;

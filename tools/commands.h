@@ -67,7 +67,7 @@ struct BenchLayerOptions {
   int ep = 8, tp = 1;
   std::vector<std::string> layouts;   // "EPxTP" swept instead of --ep/--tp
   std::vector<std::string> routings;  // routing generators swept (default: uniform)
-  std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0};  // swept lists
+  std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0}, layer0_stages{0};  // swept lists
   std::string tuning_file;                                      // comet tune's table, optional
   int iters = 20;
   double warmup_ms = 300;

@@ -53,6 +53,11 @@ struct LayerOptions {
   // Height in M tiles of the layer0 GEMM's raster groups (L2 reuse of B against how many rows
   // the first wave needs); 0 chooses (docs/gpu_layer.md).
   int layer0_group_m = 0;
+  // Stages of the fused layer0's tile order (Layer0Schedule, comet/plan.h): with W stages a
+  // tile runs as soon as its last source can have arrived; fewer stages read each expert's
+  // weights fewer times (L2). 0 chooses (docs/gpu_layer.md). The unfused pipeline runs GEMM0
+  // after the whole dispatch, in one stage (expert-major).
+  int layer0_stages = 0;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
   // Record the fused kernels' timeline (needs fused): per block, every GEMM tile, the GEMM

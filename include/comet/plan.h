@@ -106,11 +106,19 @@ struct MTile {
   int rows() const { return row_end - row_begin; }
 };
 
+// Layer0 run order: the W ring positions fall into `stages` consecutive stages (stage of
+// position p = p * stages / W); tiles run stage by stage, by the stage of their last ring
+// position; expert-major inside even stages, reversed inside odd ones. W stages: every source
+// its own stage (a tile runs as soon as its last source can have arrived); 1 stage: plain
+// expert-major (each expert's weights read once: the order for data already in place).
 struct Layer0Schedule {
   int rank = 0;
   int num_n_blocks = 0;       // tiles across F/TP per M tile
+  int stages = 1;
   std::vector<MTile> m_tiles; // expert-major; signal id = index here
   std::vector<int> order;     // m-tile ids in run order
+  int world = 1;
+  int stage_of(int m_tile) const { return m_tiles[m_tile].last_source_pos * stages / world; }
   // Signal model: a tile's counter must rise by rows_expected(id) in one call.
   int rows_expected(int m_tile) const { return m_tiles[m_tile].rows(); }
 };
@@ -127,7 +135,8 @@ struct Layer1Schedule {
 
 // M tiles of dst's experts, expert-major.
 std::vector<MTile> build_m_tiles(const DispatchPlan& plan, int dst, int block_m);
-Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst);
+// stages: 0 = W (one per ring position); more than W is taken as W.
+Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst, int stages = 0);
 Layer1Schedule build_layer1_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst);
 
 // A piece of communication work: positions [pos_begin, pos_end) of the send list peer->rank.

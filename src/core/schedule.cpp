@@ -24,18 +24,27 @@ std::vector<MTile> build_m_tiles(const DispatchPlan& plan, int dst, int block_m)
   return tiles;
 }
 
-Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst) {
+Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst, int stages) {
+  COMET_CHECK(stages >= 0, "layer0 stages must be >= 0 (0: one per ring position), got " << stages);
   Layer0Schedule s;
   s.rank = dst;
+  s.world = plan.world();
+  s.stages = stages == 0 ? s.world : std::min(stages, s.world);
   s.num_n_blocks = (config.ffn_per_rank() + config.tiles.block_n0 - 1) / config.tiles.block_n0;
   s.m_tiles = build_m_tiles(plan, dst, config.tiles.block_m);
   s.order.resize(s.m_tiles.size());
   std::iota(s.order.begin(), s.order.end(), 0);
-  // Tiles whose rows are all local run first, then those completed by ring position 1, ...
-  // Stable, so ties keep expert-major order.
-  std::stable_sort(s.order.begin(), s.order.end(), [&](int a, int b) {
-    return s.m_tiles[a].last_source_pos < s.m_tiles[b].last_source_pos;
-  });
+  // Stage 0's tiles first (those completed by the first ring positions), then stage 1's, ...
+  // Stable, so inside a stage tiles keep expert-major order; odd stages then run backwards, so
+  // that a stage starts on the experts whose weights the previous one read last (still in L2).
+  std::stable_sort(s.order.begin(), s.order.end(),
+                   [&](int a, int b) { return s.stage_of(a) < s.stage_of(b); });
+  for (auto first = s.order.begin(); first != s.order.end();) {
+    const int stage = s.stage_of(*first);
+    const auto last = std::find_if(first, s.order.end(), [&](int m) { return s.stage_of(m) != stage; });
+    if (stage % 2 == 1) std::reverse(first, last);
+    first = last;
+  }
   return s;
 }
 

@@ -156,20 +156,41 @@ inline constexpr int kCombineUnroll = 4;  // 16-byte chunks per lane in flight p
                                           // accumulators bound it: 8 per chunk)
 inline constexpr int kCombineRows = 4;    // rows of a token whose loads are in flight together
 
-// The lane's kCombineUnroll chunks c0 + 32 u + lane (those below c_end) of one bf16 row, added
-// to acc (8 fp32 per chunk) as acc = fma(w, x, acc): every load is issued before the first fma.
-// The owner reduce uses it; the combine issues the same fmas (fma_chunk) after loading several
-// rows at once, so both sum in the same arithmetic.
-__device__ __forceinline__ void fma_row_chunks(float* acc, float w, const uint4* src, int c0, int c_end, int lane) {
-  uint4 v[kCombineUnroll];
+// acc += w_i * row_i over rows i = 0 .. num_rows-1 in that order, for the lane's
+// kCombineUnroll chunks c0 + 32 u + lane (those below c_end): row(i) gives the warp-uniform
+// source row and weight of row i. The loads of up to kCombineRows rows are issued before their
+// fmas (bytes in flight); the fmas are the same, in the same order, as one row at a time. The
+// combine (rows of a token, weighted) and the owner reduce (ranks' partials, weight 1) both sum
+// through it, so they share one arithmetic.
+struct WeightedRow {
+  const uint4* src;
+  float w;
+};
+template <class RowOf>
+__device__ __forceinline__ void fma_rows_chunks(float* acc, int num_rows, const RowOf& row, int c0, int c_end,
+                                                int lane) {
+  for (int r0 = 0; r0 < num_rows; r0 += kCombineRows) {
+    uint4 v[kCombineRows][kCombineUnroll];
+    float w[kCombineRows];
 #pragma unroll
-  for (int u = 0; u < kCombineUnroll; ++u) {
-    const int c = c0 + 32 * u + lane;
-    if (c < c_end) v[u] = src[c];
+    for (int i = 0; i < kCombineRows; ++i)
+      if (r0 + i < num_rows) {  // warp-uniform
+        const WeightedRow r = row(r0 + i);
+        w[i] = r.w;
+#pragma unroll
+        for (int u = 0; u < kCombineUnroll; ++u) {
+          const int c = c0 + 32 * u + lane;
+          if (c < c_end) v[i][u] = r.src[c];
+        }
+      }
+#pragma unroll
+    for (int i = 0; i < kCombineRows; ++i)
+      if (r0 + i < num_rows) {
+#pragma unroll
+        for (int u = 0; u < kCombineUnroll; ++u)
+          if (c0 + 32 * u + lane < c_end) fma_chunk(acc + 8 * u, w[i], v[i][u]);
+      }
   }
-#pragma unroll
-  for (int u = 0; u < kCombineUnroll; ++u)
-    if (c0 + 32 * u + lane < c_end) fma_chunk(acc + 8 * u, w, v[u]);
 }
 
 // The same chunks of acc, rounded to bf16 once, stored into the row dst.
@@ -246,29 +267,9 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
       float acc[8 * kCombineUnroll];
 #pragma unroll
       for (int q = 0; q < 8 * kCombineUnroll; ++q) acc[q] = 0.f;
-      for (int r0 = 0; r0 < num_rows; r0 += kCombineRows) {
-        // The loads of up to kCombineRows rows first, then their fmas in slot order (the same
-        // arithmetic as one row at a time).
-        uint4 v[kCombineRows][kCombineUnroll];
-#pragma unroll
-        for (int i = 0; i < kCombineRows; ++i)
-          if (r0 + i < num_rows) {  // warp-uniform
-            const uint4* src = out_rows + int64_t(__shfl_sync(~0u, my_row, r0 + i)) * chunks;
-#pragma unroll
-            for (int u = 0; u < kCombineUnroll; ++u) {
-              const int c = c0 + 32 * u + lane;
-              if (c < c_end) v[i][u] = src[c];
-            }
-          }
-#pragma unroll
-        for (int i = 0; i < kCombineRows; ++i)
-          if (r0 + i < num_rows) {
-            const float w = __shfl_sync(~0u, my_weight, r0 + i);
-#pragma unroll
-            for (int u = 0; u < kCombineUnroll; ++u)
-              if (c0 + 32 * u + lane < c_end) fma_chunk(acc + 8 * u, w, v[i][u]);
-          }
-      }
+      fma_rows_chunks(acc, num_rows, [&](int i) {
+        return WeightedRow{out_rows + int64_t(__shfl_sync(~0u, my_row, i)) * chunks, __shfl_sync(~0u, my_weight, i)};
+      }, c0, c_end, lane);
       store_row_chunks(dst, acc, c0, c_end, lane);
     }
     link_wait(f.link, sent);
@@ -296,18 +297,27 @@ __device__ inline void owner_reduce_rows(const OwnerReduceArgs& a, int warp, int
   const uint4* partials = static_cast<const uint4*>(a.combine_recv);
   uint4* y = static_cast<uint4*>(a.y);
   for (int t = warp; t < tokens; t += num_warps) {
-    // Send positions, one per lane (two lanes' worth when W > 32).
+    // The ranks the token was sent to, in rank order: contributor j < 32 is held by lane j in
+    // `first`, j >= 32 by lane j - 32 in `second`, as the offset of its partial row.
     const int32_t* pos = a.send_pos + int64_t(t) * a.world;
     const int pos_lo = lane < a.world ? pos[lane] : -1, pos_hi = lane + 32 < a.world ? pos[lane + 32] : -1;
+    int64_t first = 0, second = 0;
+    int contributors = 0;
+    for (int half = 0; half < 2; ++half) {
+      const int my_pos = half == 0 ? pos_lo : pos_hi;
+      for (unsigned m = __ballot_sync(~0u, my_pos >= 0); m != 0; m &= m - 1, ++contributors) {
+        const int d = 32 * half + __ffs(int(m)) - 1;
+        const int64_t offset = (int64_t(d) * a.t_max + __shfl_sync(~0u, my_pos, d % 32)) * chunks;
+        if (lane == contributors % 32) (contributors < 32 ? first : second) = offset;
+      }
+    }
     for (int c0 = 0; c0 < chunks; c0 += 32 * kCombineUnroll) {
       float acc[8 * kCombineUnroll];
 #pragma unroll
       for (int q = 0; q < 8 * kCombineUnroll; ++q) acc[q] = 0.f;
-      for (int d = 0; d < a.world; ++d) {
-        const int p = __shfl_sync(~0u, d < 32 ? pos_lo : pos_hi, d % 32);
-        if (p < 0) continue;
-        fma_row_chunks(acc, 1.f, partials + (int64_t(d) * a.t_max + p) * chunks, c0, chunks, lane);
-      }
+      fma_rows_chunks(acc, contributors, [&](int j) {
+        return WeightedRow{partials + __shfl_sync(~0u, j < 32 ? first : second, j % 32), 1.f};
+      }, c0, chunks, lane);
       store_row_chunks(y + int64_t(t) * chunks, acc, c0, chunks, lane);
     }
   }

@@ -126,13 +126,14 @@ __global__ void __launch_bounds__(kThreads) device_plan_count_kernel(PlanShape s
 }
 
 // Shared memory of the layout kernel: cnt[W][E], base[W][E], recv_cnt[W], tile_psum[E + 1],
-// key_next[W], warp_cnt[W][kWarps].
+// key_next[W], key_end[W], warp_cnt[W][kWarps].
 struct LayoutSmem {
   int* cnt;
   int* base;
   int* recv_cnt;
   int* tile_psum;
   int* key_next;
+  int* key_end;
   int* warp_cnt;
   __device__ LayoutSmem(int* p, const PlanShape& s) {
     const int W = s.world, E = s.experts_per_rank;
@@ -141,11 +142,12 @@ struct LayoutSmem {
     recv_cnt = base + W * E;
     tile_psum = recv_cnt + W;
     key_next = tile_psum + E + 1;
-    warp_cnt = key_next + W;
+    key_end = key_next + W;
+    warp_cnt = key_end + W;
   }
   static size_t bytes(const PlanShape& s) {
     const int W = s.world, E = s.experts_per_rank;
-    return sizeof(int) * size_t(2 * W * E + W + E + 1 + W + W * kWarps);
+    return sizeof(int) * size_t(2 * W * E + W + E + 1 + 2 * W + W * kWarps);
   }
 };
 
@@ -254,9 +256,11 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   }
   for (int i = tid; i < W * C; i += kThreads) plan.chunk_slot_base[i] += plan.recv_psum[i / C];
 
-  // M tiles (expert-major) and the layer0 order: a stable counting sort of the tiles by their
-  // last ring position (tiles fed only by the own rank first). key_next[p] is where the next
-  // tile with key p goes; inside a chunk of tiles, warps in order, lanes in order.
+  // M tiles (expert-major) and the layer0 order (Layer0Schedule, include/comet/plan.h): a
+  // stable counting sort of the tiles by the stage of their last ring position, odd stages
+  // reversed. key_next[k] is where the next tile of stage k goes (inside a chunk of tiles,
+  // warps in order, lanes in order); key_end[k] is one past the stage's last position.
+  const int stages = a.layer0_stages > 0 ? min(a.layer0_stages, W) : W;
   auto expert_of = [&](int m) {  // largest e with tile_psum[e] <= m
     int lo = 0, hi = E - 1;
     while (lo < hi) {
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     plan.m_tile_row[m] = first_row;
     plan.m_tile_rows[m] = rows;
     plan.m_tile_last[m] = last;
-    atomicAdd(&sm.key_next[last], 1);
+    atomicAdd(&sm.key_next[last * stages / W], 1);
   }
   __syncthreads();
   if (tid == 0)
@@ -289,10 +293,11 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       const int n = sm.key_next[p];
       sm.key_next[p] = start;
       start += n;
+      sm.key_end[p] = start;
     }
   for (int m0 = 0; m0 < num_m; m0 += kThreads) {
     const int m = m0 + tid;
-    const int key = m < num_m ? plan.m_tile_last[m] : -1;  // written by this thread above
+    const int key = m < num_m ? plan.m_tile_last[m] * stages / W : -1;  // written by this thread above
     const unsigned same = __match_any_sync(kFullWarp, key);
     const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
     for (int i = tid; i < W * kWarps; i += kThreads) sm.warp_cnt[i] = 0;
@@ -309,7 +314,11 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       sm.key_next[p] = next;
     }
     __syncthreads();
-    if (key >= 0) plan.layer0_order[sm.warp_cnt[key * kWarps + warp] + rank_in_warp] = m;
+    if (key >= 0) {
+      const int at = sm.warp_cnt[key * kWarps + warp] + rank_in_warp;  // ascending inside the stage
+      const int key_begin = key == 0 ? 0 : sm.key_end[key - 1];
+      plan.layer0_order[key % 2 == 0 ? at : key_begin + sm.key_end[key] - 1 - at] = m;
+    }
     __syncthreads();  // warp_cnt is zeroed again for the next chunk
   }
 
@@ -502,6 +511,7 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
     COMET_CHECK(a.token_counts && a.route_ids && a.route_weights && a.error,
                 "build_device_plan: a null routing or error pointer");
     COMET_CHECK(a.layer0_group_m >= 1, "build_device_plan: layer0_group_m " << a.layer0_group_m << " must be >= 1");
+    COMET_CHECK(a.layer0_stages >= 0, "build_device_plan: layer0_stages " << a.layer0_stages << " must be >= 0");
   }
   // The placing kernel keeps a token's EP groups in a 64-bit mask.
   COMET_CHECK(s.world <= kMaxWorld, "build_device_plan: at most " << kMaxWorld << " ranks, got " << s.world);

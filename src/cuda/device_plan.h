@@ -92,6 +92,9 @@ struct DevicePlanArgs {
   // Height of the layer0 raster groups in M tiles (TileOrder::kRowMajor). Smaller groups let a
   // fused layer0 start its first wave on fewer arrived rows; larger ones reuse B more in L2.
   int layer0_group_m = kRasterGroupM;
+  // Stages of the layer0 order (Layer0Schedule, include/comet/plan.h); 0: W. Fewer stages read
+  // each expert's weights fewer times; more let tiles start on fewer arrived sources.
+  int layer0_stages = 0;
   // Records bad input (token count above T_max, expert id out of range, an expert repeated
   // within a token, rows beyond the buffers); a refused plan has no tiles, receives nothing and
   // sends nothing.

@@ -56,6 +56,7 @@ constexpr int kGrid = 132;  // blocks of the copy kernels (grid-stride loops; an
 // The fused layer0's raster group height: its first wave then waits for the rows of this many
 // M tiles instead of kRasterGroupM (docs/results/ has the measurement).
 constexpr int kFusedLayer0GroupM = 4;
+constexpr int kSharedGpuLayer0Stages = 2;  // fused layer0 stages when every rank is on one GPU
 
 // The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
 // without signals, on kGrid blocks of kWarpsPerBlock warps.
@@ -166,6 +167,16 @@ struct MoeLayer::Impl {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
     return options.fused ? kFusedLayer0GroupM : cuda::kRasterGroupM;
   }
+  // Stages of the layer0 order (Layer0Schedule). Unfused, every row is in place before GEMM0:
+  // one stage. Fused with every rank on one GPU, the dispatch is an HBM copy much shorter than
+  // GEMM0, and one stage per source re-read each expert's weights W times (qwen3, W = 8:
+  // GEMM0 read 1.04 GB for 133 MB of A and 100 MB of B): 2 stages (measured, docs/gpu_layer.md).
+  // Ranks on their own GPUs keep one stage per source (measured at W = 2, where that is 2).
+  int layer0_stages() const {
+    if (!options.fused) return 1;
+    if (options.layer0_stages > 0) return options.layer0_stages;
+    return per_rank_streams ? 0 : kSharedGpuLayer0Stages;
+  }
   // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
   // word), the two layers' GEMM tile-claim counters (one word each), one LinkPacer per layer,
   // then the rank barrier's generation (one word). Layer0's pacer paces the rank's dispatch
@@ -270,6 +281,7 @@ struct MoeLayer::Impl {
       a.plan = k.plan;
       a.error = k.error;
       a.layer0_group_m = layer0_group_m();
+      a.layer0_stages = layer0_stages();
       if (signals == Signals::kOn) {
         uint64_t* e = k.epochs;
         const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
@@ -596,6 +608,7 @@ void MoeLayer::set_options(const LayerOptions& o) {
                                    << "] (0 chooses; this GPU has " << num_sms << " SMs)");
   COMET_CHECK(o.timeout_s > 0, "MoeLayer: timeout must be positive, got " << o.timeout_s);
   COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
+  COMET_CHECK(o.layer0_stages >= 0, "MoeLayer: layer0_stages must be >= 0 (0 chooses), got " << o.layer0_stages);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
   COMET_CHECK(!o.trace || o.fused, "MoeLayer: LayerOptions::trace records the fused kernels; set fused too");
   COMET_CHECK(o.trace_chunk_capacity >= 0 && o.trace_chunk_capacity < (int64_t(1) << 31),

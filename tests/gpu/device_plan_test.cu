@@ -18,6 +18,7 @@ struct PlanCase {
   std::vector<int> tokens;
   RoutingSpec spec;
   uint64_t seed;
+  int stages = 0;  // of the layer0 order (0: W)
   LayerConfig config() const {
     LayerConfig c;
     c.model = {"plan", 256, 512, num_experts, topk, Activation::kSwiGlu};
@@ -29,7 +30,7 @@ struct PlanCase {
   std::string describe() const {
     std::ostringstream os;
     os << "W=" << world << " TP=" << tp << " E=" << num_experts << " topk=" << topk << " T_max=" << t_max
-       << " routing=" << spec.describe() << " seed=" << seed << " tokens=[";
+       << " routing=" << spec.describe() << " seed=" << seed << " stages=" << stages << " tokens=[";
     for (size_t i = 0; i < tokens.size(); ++i) os << (i ? "," : "") << tokens[i];
     return os.str() + "]";
   }
@@ -46,7 +47,7 @@ std::vector<PlanCase> plan_cases() {
     for (int tp : {1, 2, 8}) {
       if (tp > world) continue;
       for (auto [e, k] : {std::pair{8, 2}, {64, 4}, {256, 8}}) {
-        PlanCase c{world, tp, e, k, 300, {}, specs[seed % 3], seed};
+        PlanCase c{world, tp, e, k, 300, {}, specs[seed % 3], seed, int(seed / 3 % 3)};  // stages W, 1, 2
         for (int r = 0; r < world; ++r) c.tokens.push_back(r == 1 ? 0 : (r * 97 + 50) % 301);
         ++seed;
         out.push_back(c);
@@ -121,6 +122,7 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
     args.route_weights = dr.weight_table.get();
     args.plan = layout.view(buffer.get());
     args.error = error.get();
+    args.layer0_stages = pc.stages;
     build_device_plan(c, args, nullptr);
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
     ASSERT_EQ(error.download()[0].claimed, 0) << describe(error.download()[0]);
@@ -167,7 +169,7 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
         ASSERT_EQ(send_pos[size_t(t) * W + d], host.send_pos(r, t, d)) << "token " << t << " dst " << d;
 
     // M tiles and the layer0 order.
-    const Layer0Schedule s0 = build_layer0_schedule(c, host, r);
+    const Layer0Schedule s0 = build_layer0_schedule(c, host, r, pc.stages);
     ASSERT_EQ(counts[0], int(s0.m_tiles.size()));
     const int nm = counts[0];
     const auto m_row = download(v.m_tile_row, nm), m_rows = download(v.m_tile_rows, nm),

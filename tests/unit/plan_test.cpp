@@ -245,6 +245,31 @@ void check_schedules(const PlanCase& c, const LayerConfig& cfg, const DispatchPl
       EXPECT_LE(s0.m_tiles[s0.order[i - 1]].last_source_pos, s0.m_tiles[s0.order[i]].last_source_pos)
           << "run order position " << i;
     }
+    // Fewer stages: stage by stage (stage = last ring position * stages / W), tiles ascending
+    // inside even stages and descending inside odd ones; one stage is expert-major.
+    EXPECT_EQ(s0.stages, w);
+    for (int stages : {1, 2, 3, w + 5}) {
+      SCOPED_TRACE("stages " + std::to_string(stages));
+      const Layer0Schedule s = build_layer0_schedule(cfg, plan, dst, stages);
+      ASSERT_EQ(s.stages, std::min(stages, w));
+      ASSERT_EQ(s.order.size(), tiles.size());
+      std::vector<int> seen(tiles.size(), 0);
+      for (int m : s.order) ++seen[size_t(m)];
+      for (int x : seen) ASSERT_EQ(x, 1) << "order is not a permutation of the tiles";
+      for (size_t i = 0; i < s.order.size(); ++i) {
+        const int m = s.order[i];
+        EXPECT_EQ(s.stage_of(m), s.m_tiles[m].last_source_pos * s.stages / w);
+        if (i == 0) continue;
+        const int prev = s.order[i - 1];
+        ASSERT_LE(s.stage_of(prev), s.stage_of(m)) << "run order position " << i;
+        if (s.stage_of(prev) == s.stage_of(m)) {
+          if (s.stage_of(m) % 2 == 0) EXPECT_LT(prev, m) << "even stage not ascending at " << i;
+          else EXPECT_GT(prev, m) << "odd stage not descending at " << i;
+        }
+      }
+      if (stages == 1)
+        for (size_t i = 0; i < s.order.size(); ++i) EXPECT_EQ(s.order[i], int(i)) << "one stage: expert-major";
+    }
 
     // Layer0 producers: walk the pull chunks, land rows per tile.
     const std::vector<CommChunk> chunks0 = build_layer0_comm_chunks(plan, dst, c.chunk_tokens);
