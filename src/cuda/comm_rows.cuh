@@ -292,7 +292,10 @@ struct OwnerReduceArgs {
 };
 
 __device__ inline void owner_reduce_rows(const OwnerReduceArgs& a, int warp, int num_warps) {
-  const int tokens = min(*a.token_count, a.t_max);
+  // The count as the plan read it (device_plan.cu, published_tokens): outside [0, T_max] it is
+  // 0 and the plan wrote no send positions, so none is read here; check() raises the error.
+  const int count = *a.token_count;
+  const int tokens = count >= 0 && count <= a.t_max ? count : 0;
   const int lane = int(threadIdx.x) % 32, chunks = a.hidden / 8;
   const uint4* partials = static_cast<const uint4*>(a.combine_recv);
   uint4* y = static_cast<uint4*>(a.y);

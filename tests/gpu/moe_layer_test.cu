@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "comet/layer.h"
 #include "comet/problem.h"
@@ -101,12 +102,24 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   layer.set_weights(p.weights);
   cuda::DeviceProblem d(c, p);
   d.set_token_count(1, 65);  // more than T_max
+  d.poison_y();              // all T_max rows of rank 1 now (its count exceeds T_max)
   layer.forward(d.tensors(), nullptr);
   try {
     layer.check(nullptr);
     ADD_FAILURE() << "a token count above T_max was not reported";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bad input from rank 1"), std::string::npos) << e.what();
+  }
+  // The plan refused rank 1's count and wrote it no send positions: its owner reduce reads none
+  // and leaves y as it was (poisoned above). y1 is a copy: a range-for over download_y()[1]
+  // would read the temporary's freed memory.
+  {
+    const auto y1 = d.download_y()[1];
+    size_t bad = 0, first = y1.size(), nonzero = 0;
+    for (size_t i = 0; i < y1.size(); ++i)
+      if (!std::isnan(y1[i])) { ++bad; if (first == y1.size()) first = i; if (y1[i] != 0.f) ++nonzero; }
+    EXPECT_EQ(bad, 0u) << "rank 1's y was written: " << bad << " of " << y1.size() << " values, first at " << first
+                       << " (row " << first / c.model.hidden << "), nonzero " << nonzero;
   }
   d.set_token_count(1, 30);
   layer.forward(d.tensors(), nullptr);
@@ -193,6 +206,39 @@ TEST(FusedLayer, ManyTilesPerBlockBitwiseEqualToUnfused) {
     }
   }
   cudaStreamDestroy(stream);
+}
+
+// topk 16 with 16 experts per rank: a token can have up to 16 rows on a rank, several rounds of
+// kCombineRows rows in flight in the combine. Unfused vs the oracle, fused bitwise equal to
+// unfused.
+TEST(FusedLayer, TopkSixteenBitwiseEqualToUnfused) {
+  COMET_REQUIRE_GPU();
+  LayerConfig c;
+  c.model = {"topk16", 256, 512, 32, 16, Activation::kSwiGlu};
+  c.layout = {2, 2, 1};
+  c.max_tokens_per_rank = 300;
+  c.tiles = {128, 128, 256};
+  const MoeProblem p = make_problem(c, {300, 123}, {RoutingKind::kZipf, 1.5, 0.05}, 31);
+  auto fabric = fabric::make_loopback_fabric(2);
+  MoeLayer layer(c, *fabric);
+  layer.set_weights(p.weights);
+  cuda::DeviceProblem d(c, p);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  const auto unfused = d.download_y();
+  EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(p)).within(ref::tolerance_for(DType::kBF16)));
+  for (auto [n0, n1] : {std::pair{1, 1}, {32, 4}}) {
+    SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
+    LayerOptions o;
+    o.fused = true;
+    o.n_comm0 = n0;
+    o.n_comm1 = n1;
+    layer.set_options(o);
+    d.poison_y();
+    layer.forward(d.tensors(), nullptr);
+    layer.check(nullptr);
+    EXPECT_EQ(d.download_y(), unfused) << "fused differs from unfused";
+  }
 }
 
 // With link emulation on too (docs/link_emulation.md): pacing waits are separate from signal
