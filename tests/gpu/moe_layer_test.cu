@@ -132,6 +132,28 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
 // (epoch counters advance, never reset).
 class FusedLayerTest : public ::testing::TestWithParam<LayerCase> {};
 
+// The fused kernels with each (n_comm0, n_comm1), `calls` forwards each on poisoned outputs:
+// y must equal `unfused` bitwise every time.
+void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
+                                 const std::vector<std::vector<float>>& unfused,
+                                 std::initializer_list<std::pair<int, int>> n_comms, int calls,
+                                 cudaStream_t stream) {
+  for (auto [n0, n1] : n_comms) {
+    SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
+    LayerOptions o;
+    o.fused = true;
+    o.n_comm0 = n0;
+    o.n_comm1 = n1;
+    layer.set_options(o);
+    for (int call = 0; call < calls; ++call) {
+      d.poison_y();
+      layer.forward(d.tensors(), stream);
+      layer.check(stream);
+      EXPECT_EQ(d.download_y(), unfused) << "fused differs from unfused, call " << call;
+    }
+  }
+}
+
 TEST_P(FusedLayerTest, BitwiseEqualToUnfusedForAnyNComm) {
   COMET_REQUIRE_GPU();
   const LayerCase& lc = GetParam();
@@ -155,18 +177,7 @@ TEST_P(FusedLayerTest, BitwiseEqualToUnfusedForAnyNComm) {
     layer.check(nullptr);
     const auto unfused = d.download_y();
     EXPECT_TRUE(testing::near_oracle(unfused, ref::oracle_forward(q)));
-    for (auto [n0, n1] : {std::pair{1, 1}, {16, 16}, {64, 8}}) {
-      SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
-      LayerOptions o;
-      o.fused = true;
-      o.n_comm0 = n0;
-      o.n_comm1 = n1;
-      layer.set_options(o);
-      d.poison_y();
-      layer.forward(d.tensors(), nullptr);
-      layer.check(nullptr);
-      EXPECT_EQ(d.download_y(), unfused) << "fused differs from unfused";
-    }
+    expect_fused_equals_unfused(layer, d, unfused, {{1, 1}, {16, 16}, {64, 8}}, 1, nullptr);
   }
 }
 
@@ -191,20 +202,7 @@ TEST(FusedLayer, ManyTilesPerBlockBitwiseEqualToUnfused) {
   layer.check(stream);
   const auto unfused = d.download_y();
   EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(p)).within(ref::tolerance_for(DType::kBF16)));
-  for (auto [n0, n1] : {std::pair{1, 1}, {64, 64}}) {
-    SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
-    LayerOptions o;
-    o.fused = true;
-    o.n_comm0 = n0;
-    o.n_comm1 = n1;
-    layer.set_options(o);
-    for (int call = 0; call < 2; ++call) {
-      d.poison_y();
-      layer.forward(d.tensors(), stream);
-      layer.check(stream);
-      EXPECT_EQ(d.download_y(), unfused) << "call " << call;
-    }
-  }
+  expect_fused_equals_unfused(layer, d, unfused, {{1, 1}, {64, 64}}, 2, stream);
   cudaStreamDestroy(stream);
 }
 
@@ -227,18 +225,7 @@ TEST(FusedLayer, TopkSixteenBitwiseEqualToUnfused) {
   layer.check(nullptr);
   const auto unfused = d.download_y();
   EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(p)).within(ref::tolerance_for(DType::kBF16)));
-  for (auto [n0, n1] : {std::pair{1, 1}, {32, 4}}) {
-    SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
-    LayerOptions o;
-    o.fused = true;
-    o.n_comm0 = n0;
-    o.n_comm1 = n1;
-    layer.set_options(o);
-    d.poison_y();
-    layer.forward(d.tensors(), nullptr);
-    layer.check(nullptr);
-    EXPECT_EQ(d.download_y(), unfused) << "fused differs from unfused";
-  }
+  expect_fused_equals_unfused(layer, d, unfused, {{1, 1}, {32, 4}}, 1, nullptr);
 }
 
 // With link emulation on too (docs/link_emulation.md): pacing waits are separate from signal
