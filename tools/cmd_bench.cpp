@@ -57,7 +57,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->delimiter(',')->check(CLI::NonNegativeNumber);
   l->add_option("--stages0", lo.layer0_stages,
                 "stages of the fused layer0 tile order, comma separated list swept (0: default; docs/gpu_layer.md)")
-      ->delimiter(',')->check(CLI::NonNegativeNumber);
+      ->delimiter(',')->check(CLI::Range(0, 64));
   l->add_option("--iters", lo.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
   l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(CLI::NonNegativeNumber);
   l->add_option("--seed", lo.seed, "weights, tokens and routing seed");

@@ -122,6 +122,12 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   cmd->add_option("--chunk-tokens", o.chunk_tokens, "tokens per communication chunk")
       ->capture_default_str()
       ->group("Workload");
+  cmd->add_option("--stages0", o.layer0_stages,
+                  "stages of the layer0 tile order (0: one per ring position, as the CPU backend; the fused GPU "
+                  "kernels default to one per 4 sources)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str()
+      ->group("Workload");
   cmd->add_flag("--json", o.json, "print one JSON object (complete listings) instead of text")
       ->group("Output");
   return cmd;
@@ -141,7 +147,7 @@ int plan_command(const PlanOptions& o) {
   const std::vector<Routing> routing = generate_all_routing(w);
   const DispatchPlan plan(c, routing);
   const int R = o.rank;
-  const Layer0Schedule s0 = build_layer0_schedule(c, plan, R);
+  const Layer0Schedule s0 = build_layer0_schedule(c, plan, R, o.layer0_stages);
   const Layer1Schedule s1 = build_layer1_schedule(c, plan, R);
   const auto chunks0 = build_layer0_comm_chunks(plan, R, o.chunk_tokens);
   const auto chunks1 = build_layer1_comm_chunks(plan, R, o.chunk_tokens);
@@ -194,7 +200,7 @@ int plan_command(const PlanOptions& o) {
                        {"last_source_pos", t.last_source_pos},
                        {"rows_expected", s0.rows_expected(int(i))}});
     }
-    j["layer0"] = {{"num_n_blocks", s0.num_n_blocks}, {"m_tiles", tiles}, {"order", s0.order}};
+    j["layer0"] = {{"num_n_blocks", s0.num_n_blocks}, {"stages", s0.stages}, {"m_tiles", tiles}, {"order", s0.order}};
     j["layer1"] = {{"num_col_blocks", s1.num_col_blocks},
                    {"tiles_per_col_block", s1.tiles_per_col_block()},
                    {"num_tiles", s1.num_tiles()}};
@@ -241,9 +247,10 @@ int plan_command(const PlanOptions& o) {
 
   // Layer0 schedule of rank R.
   os << strf("rank %d layer0 schedule: %zu M tiles (block_m %d) x %d N blocks (block_n0 %d of "
-             "F/TP %d); a tile runs when its counter has risen by its row count\n",
+             "F/TP %d), run in %d stage%s of ring positions; a tile runs when its counter has risen "
+             "by its row count\n",
              R, s0.m_tiles.size(), c.tiles.block_m, s0.num_n_blocks, c.tiles.block_n0,
-             c.ffn_per_rank());
+             c.ffn_per_rank(), s0.stages, s0.stages == 1 ? "" : "s");
   os << "     run  tile  expert  rows              sources                       expects\n";
   {
     CappedListing listing(os, o.max_lines, "  ", "tiles");

@@ -44,6 +44,7 @@ struct PlanOptions {
   int rank = 0;
   int max_lines = 40;
   int chunk_tokens = 16;
+  int layer0_stages = 0;  // 0: one per ring position (the CPU backend's order)
   bool json = false;
 };
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& options);

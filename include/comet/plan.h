@@ -137,6 +137,10 @@ struct Layer1Schedule {
 std::vector<MTile> build_m_tiles(const DispatchPlan& plan, int dst, int block_m);
 // stages: 0 = W (one per ring position); more than W is taken as W.
 Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst, int stages = 0);
+// The fused GPU kernels' default: one stage per kSourcesPerLayer0Stage ring positions, at least
+// one (measured: 2 stages at W = 8 on one H200, 1 at W = 2 on two; docs/gpu_layer.md).
+inline constexpr int kSourcesPerLayer0Stage = 4;
+int default_layer0_stages(int world);
 Layer1Schedule build_layer1_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst);
 
 // A piece of communication work: positions [pos_begin, pos_end) of the send list peer->rank.

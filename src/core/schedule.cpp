@@ -48,6 +48,11 @@ Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPl
   return s;
 }
 
+int default_layer0_stages(int world) {
+  COMET_CHECK(world >= 1, "world must be positive, got " << world);
+  return (world + kSourcesPerLayer0Stage - 1) / kSourcesPerLayer0Stage;
+}
+
 Layer1Schedule build_layer1_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst) {
   Layer1Schedule s;
   s.rank = dst;

@@ -29,9 +29,10 @@
 #include <functional>
 #include <map>
 
-#include "comet/layer.h"
-#include "comet/workspace.h"
 #include "comet/cost_model.h"
+#include "comet/layer.h"
+#include "comet/plan.h"
+#include "comet/workspace.h"
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
 #include "cuda/device_info.h"
@@ -56,8 +57,6 @@ constexpr int kGrid = 132;  // blocks of the copy kernels (grid-stride loops; an
 // The fused layer0's raster group height: its first wave then waits for the rows of this many
 // M tiles instead of kRasterGroupM (docs/results/ has the measurement).
 constexpr int kFusedLayer0GroupM = 4;
-// Measured best or within 2%: W = 8 on one H200 (2 stages), W = 2 on two H200s (1 stage).
-constexpr int kSourcesPerLayer0Stage = 4;
 
 // The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
 // without signals, on kGrid blocks of kWarpsPerBlock warps.
@@ -171,11 +170,11 @@ struct MoeLayer::Impl {
   // Stages of the layer0 order (Layer0Schedule). Unfused, every row is in place before GEMM0:
   // one stage. Fused, one stage per source re-reads each expert's weights W times (qwen3, W = 8
   // on one GPU: GEMM0 read 1.04 GB for 133 MB of A and 100 MB of B), while the dispatch is short
-  // next to GEMM0: one stage per kSourcesPerLayer0Stage ring positions (docs/gpu_layer.md).
+  // next to GEMM0: default_layer0_stages (comet/plan.h, docs/gpu_layer.md).
   int layer0_stages() const {
     if (!options.fused) return 1;
     if (options.layer0_stages > 0) return options.layer0_stages;
-    return (config.layout.world + kSourcesPerLayer0Stage - 1) / kSourcesPerLayer0Stage;
+    return default_layer0_stages(config.layout.world);
   }
   // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
   // word), the two layers' GEMM tile-claim counters (one word each), one LinkPacer per layer,

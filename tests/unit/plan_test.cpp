@@ -410,6 +410,16 @@ std::vector<Routing> good_routing(const LayerConfig& c) {
   return out;
 }
 
+TEST(Layer0Stages, DefaultIsOneStagePerFourSources) {
+  EXPECT_EQ(default_layer0_stages(1), 1);
+  EXPECT_EQ(default_layer0_stages(2), 1);
+  EXPECT_EQ(default_layer0_stages(4), 1);
+  EXPECT_EQ(default_layer0_stages(5), 2);
+  EXPECT_EQ(default_layer0_stages(8), 2);
+  EXPECT_EQ(default_layer0_stages(64), 16);
+  EXPECT_THROW(default_layer0_stages(0), Error);
+}
+
 TEST(PlanBadRouting, GoodRoutingBuilds) {
   const LayerConfig c = bad_config();
   EXPECT_NO_THROW(DispatchPlan(c, good_routing(c)));
