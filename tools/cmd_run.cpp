@@ -301,6 +301,12 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   cmd->add_option("--chunk-tokens", o.chunk_tokens, "tokens per communication chunk")
       ->capture_default_str()
       ->group("Backend");
+  cmd->add_option("--stages0", o.layer0_stages,
+                  "stages of the layer0 tile order: cpu, 0 = one per ring position; cuda --fused, 0 = one per 4 "
+                  "sources (docs/gpu_layer.md)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str()
+      ->group("Backend");
   cmd->add_option("--timeout-ms", o.timeout_ms, "timeout of every signal wait")
       ->capture_default_str()
       ->group("Backend");
@@ -439,12 +445,13 @@ int run_command(const RunOptions& o) {
   ro.comm_workers = o.comm_workers;
   ro.compute_workers = o.compute_workers;
   ro.comm_chunk_tokens = o.chunk_tokens;
+  ro.layer0_stages = o.layer0_stages;
   ro.timeout = std::chrono::milliseconds(o.timeout_ms);
   ro.trace = !o.trace.empty();
   auto t0 = std::chrono::steady_clock::now();
 #ifdef COMET_HAVE_CUDA
   if (r.backend == "cuda") {
-    GpuRun g = run_on_gpu(r.config, problem, {o.fabric, o.fused, ro.trace, r.link});  // MoeLayer takes its own tile shapes
+    GpuRun g = run_on_gpu(r.config, problem, {o.fabric, o.fused, ro.trace, r.link, o.layer0_stages});  // MoeLayer takes its own tile shapes
     r.y = std::move(g.y);
     r.forward_us = g.forward_us;
     r.device = g.device;

@@ -28,6 +28,7 @@ struct RunOptions {
   int comm_workers = 2;
   int compute_workers = 2;
   int chunk_tokens = 16;
+  int layer0_stages = 0;  // stages of the layer0 tile order (0 chooses)
   int timeout_ms = 5000;
   double cpu_budget_gflop = 0;    // CPU work of one forward before scaling; 0: the library's
   std::string gpu = "H200";       // the GPU the full-size lower bound is computed for

@@ -34,6 +34,7 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const GpuRunOp
   lo.fused = options.fused || options.trace;
   lo.trace = options.trace;
   lo.link = options.link;
+  lo.layer0_stages = options.layer0_stages;
   layer.set_options(lo);
   const cuda::DeviceProblem tensors(config, p, fabric.get());
   cudaEvent_t start, stop;

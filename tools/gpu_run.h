@@ -18,6 +18,7 @@ struct GpuRunOptions {
   bool fused = false;
   bool trace = false;  // the fused kernels with LayerOptions::trace; GpuRun::trace holds the timeline
   LinkEmulation link;  // paces the inter-rank copies (comet/link_emulation.h; off by default)
+  int layer0_stages = 0;  // LayerOptions::layer0_stages (fused; 0 chooses)
 };
 
 struct GpuRun {

@@ -165,6 +165,8 @@ class TypedImpl final : public ImplBase {
                 "the CPU backend needs at least one comm and one compute worker per rank (got "
                     << options.comm_workers << " and " << options.compute_workers << ")");
     COMET_CHECK(options.comm_chunk_tokens >= 1, "comm_chunk_tokens must be >= 1");
+    COMET_CHECK(options.layer0_stages >= 0, "layer0_stages must be >= 0 (0: one per ring position), got "
+                                                << options.layer0_stages);
     COMET_CHECK(options.timeout.count() > 0, "timeout must be positive");
   }
 
@@ -383,7 +385,7 @@ void TypedImpl<T>::run_rank(int r, const std::vector<float>& x, const Routing& r
 
 template <class T>
 void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx) {
-  const Layer0Schedule s = build_layer0_schedule(config_, plan, r);
+  const Layer0Schedule s = build_layer0_schedule(config_, plan, r, options_.layer0_stages);
   const std::vector<CommChunk> chunks = build_layer0_comm_chunks(plan, r, options_.comm_chunk_tokens);
   const int num_tiles = int(s.m_tiles.size());
   COMET_CHECK(num_tiles <= config_.max_m_tiles_per_rank(),

@@ -25,6 +25,7 @@ struct RefOptions {
   int comm_workers = 2;     // n_comm of the CPU backend, per rank and layer
   int compute_workers = 2;  // GEMM workers per rank and layer
   int comm_chunk_tokens = 16;
+  int layer0_stages = 0;  // stages of the layer0 tile order (Layer0Schedule); 0: one per ring position
   std::chrono::milliseconds timeout{5000};  // every wait
   bool check_inputs = true;                  // report NaN/Inf in x before running
   bool trace = false;                        // record a timeline (last_trace()); off: no cost

@@ -72,13 +72,14 @@ TEST_P(DeterminismTest, IndependentOfWorkerCountsAndChunkSize) {
   reference.set_weights(p.weights);
   const auto want = reference.forward(p.x, p.routing);
   struct Opt {
-    int comm, compute, chunk;
+    int comm, compute, chunk, stages;  // stages of the layer0 order: when tiles run, not what they compute
   };
-  for (const Opt& o : {Opt{1, 1, 1}, Opt{3, 1, 5}, Opt{1, 3, 64}, Opt{4, 4, 2}, Opt{2, 3, 1000}}) {
+  for (const Opt& o : {Opt{1, 1, 1, 1}, Opt{3, 1, 5, 0}, Opt{1, 3, 64, 2}, Opt{4, 4, 2, 3}, Opt{2, 3, 1000, 1}}) {
     RefCase c = base;
     c.options.comm_workers = o.comm;
     c.options.compute_workers = o.compute;
     c.options.comm_chunk_tokens = o.chunk;
+    c.options.layer0_stages = o.stages;
     SCOPED_TRACE(c.describe());
     ref::RefBackend backend(c.config(), c.options);
     backend.set_weights(p.weights);

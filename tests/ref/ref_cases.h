@@ -80,7 +80,7 @@ struct RefCase {
        << " custom=" << custom_name(custom) << " dtype=" << dtype_name(dtype) << " tiles(m,n0,n1)=("
        << tiles.block_m << "," << tiles.block_n0 << "," << tiles.block_n1 << ") comm_workers="
        << options.comm_workers << " compute_workers=" << options.compute_workers
-       << " comm_chunk_tokens=" << options.comm_chunk_tokens
+       << " comm_chunk_tokens=" << options.comm_chunk_tokens << " layer0_stages=" << options.layer0_stages
        << " timeout_ms=" << options.timeout.count() << " check_inputs=" << options.check_inputs
        << " seed=" << seed;
     return os.str();
