@@ -114,10 +114,10 @@ struct MTile {
 struct Layer0Schedule {
   int rank = 0;
   int num_n_blocks = 0;       // tiles across F/TP per M tile
-  int stages = 1;
+  int world = 1;
+  int stages = 1;             // in [1, world]
   std::vector<MTile> m_tiles; // expert-major; signal id = index here
   std::vector<int> order;     // m-tile ids in run order
-  int world = 1;
   int stage_of(int m_tile) const { return m_tiles[m_tile].last_source_pos * stages / world; }
   // Signal model: a tile's counter must rise by rows_expected(id) in one call.
   int rows_expected(int m_tile) const { return m_tiles[m_tile].rows(); }

@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   // reversed. key_next[k] is where the next tile of stage k goes (inside a chunk of tiles,
   // warps in order, lanes in order); key_end[k] is one past the stage's last position.
   const int stages = a.layer0_stages > 0 ? min(a.layer0_stages, W) : W;
+  auto stage_of = [&](int last_pos) { return last_pos * stages / W; };  // Layer0Schedule::stage_of
   auto expert_of = [&](int m) {  // largest e with tile_psum[e] <= m
     int lo = 0, hi = E - 1;
     while (lo < hi) {
@@ -285,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     plan.m_tile_row[m] = first_row;
     plan.m_tile_rows[m] = rows;
     plan.m_tile_last[m] = last;
-    atomicAdd(&sm.key_next[last * stages / W], 1);
+    atomicAdd(&sm.key_next[stage_of(last)], 1);
   }
   __syncthreads();
   if (tid == 0)
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     }
   for (int m0 = 0; m0 < num_m; m0 += kThreads) {
     const int m = m0 + tid;
-    const int key = m < num_m ? plan.m_tile_last[m] * stages / W : -1;  // written by this thread above
+    const int key = m < num_m ? stage_of(plan.m_tile_last[m]) : -1;  // written by this thread above
     const unsigned same = __match_any_sync(kFullWarp, key);
     const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
     for (int i = tid; i < W * kWarps; i += kThreads) sm.warp_cnt[i] = 0;

@@ -116,8 +116,12 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   {
     const auto y1 = d.download_y()[1];
     size_t bad = 0, first = y1.size(), nonzero = 0;
-    for (size_t i = 0; i < y1.size(); ++i)
-      if (!std::isnan(y1[i])) { ++bad; if (first == y1.size()) first = i; if (y1[i] != 0.f) ++nonzero; }
+    for (size_t i = 0; i < y1.size(); ++i) {
+      if (std::isnan(y1[i])) continue;
+      ++bad;
+      if (first == y1.size()) first = i;
+      if (y1[i] != 0.f) ++nonzero;
+    }
     EXPECT_EQ(bad, 0u) << "rank 1's y was written: " << bad << " of " << y1.size() << " values, first at " << first
                        << " (row " << first / c.model.hidden << "), nonzero " << nonzero;
   }
