@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <string>
 
 #include "cuda/cublas_experts.h"
 #include "bench/gemm_bench.h"
@@ -127,9 +129,9 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       };
       auto schedule = [&](cuda::GemmEpilogue epi, int n, cuda::GemmKernel kernel, cuda::TileOrder order) {
         const int nb = cuda::gemm_num_n_blocks(epi, n, kernel);
-        const int64_t cap = cuda::max_gemm_tiles(max_rows, E, nb);
+        const int64_t cap = cuda::max_gemm_tiles(max_rows, E, nb, kernel);
         Schedule s{std::make_unique<Device<cuda::GemmTile>>(cap), std::make_unique<Device<int32_t>>(1)};
-        cuda::build_gemm_tiles(d_rows.ptr, E, nb, order, s.tiles->ptr, s.count->ptr, cap, stream);
+        cuda::build_gemm_tiles(d_rows.ptr, E, nb, kernel, order, s.tiles->ptr, s.count->ptr, cap, stream);
         return s;
       };
       auto make_args = [&](cuda::GemmEpilogue epi, cuda::GemmKernel kernel, int n, int k, const void* in,
@@ -150,48 +152,62 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
         return g;
       };
       const auto kSwiGlu = cuda::GemmEpilogue::kSwiGlu, kIdentity = cuda::GemmEpilogue::kIdentity;
-      // GEMM0's output is GEMM1's input buffer: both are timed separately on fixed inputs.
-      const cuda::GemmKernel k0 = cuda::choose_gemm_kernel(kSwiGlu, F, H), k1 = cuda::choose_gemm_kernel(kIdentity, H, F);
-      const Schedule s0s = schedule(kSwiGlu, F, k0, cuda::TileOrder::kRowMajor);
-      const Schedule s1s = schedule(kIdentity, H, k1, cuda::TileOrder::kColumnBlockMajor);
-      const cuda::GroupedGemmArgs g0 = make_args(kSwiGlu, k0, F, H, a.ptr, w0_packed.ptr, inter.ptr, s0s);
-      const cuda::GroupedGemmArgs g1 = make_args(kIdentity, k1, H, F, inter.ptr, w1.ptr, out1.ptr, s1s);
+      // GEMM0's output is GEMM1's input buffer: both are timed separately on fixed inputs. Every
+      // configuration runs with its own schedule (the cooperative one also with claimed tiles);
+      // "comet" is the one kAuto chooses.
+      constexpr int kConfigs = int(std::size(cuda::kGemmKernels));
+      std::vector<Schedule> schedules0, schedules1;
+      std::vector<cuda::GroupedGemmArgs> args0, args1;
+      for (cuda::GemmKernel kernel : cuda::kGemmKernels) {
+        schedules0.push_back(schedule(kSwiGlu, F, kernel, cuda::TileOrder::kRowMajor));
+        schedules1.push_back(schedule(kIdentity, H, kernel, cuda::TileOrder::kColumnBlockMajor));
+        args0.push_back(make_args(kSwiGlu, kernel, F, H, a.ptr, w0_packed.ptr, inter.ptr, schedules0.back()));
+        args1.push_back(make_args(kIdentity, kernel, H, F, inter.ptr, w1.ptr, out1.ptr, schedules1.back()));
+      }
+      const cuda::GroupedGemmArgs& g0 = args0[0];  // cooperative: the reference for the others
+      const cuda::GroupedGemmArgs& g1 = args1[0];
 
       ExpertGemmShapes s0{rows, offsets, 2 * F, H}, s1{rows, offsets, H, F};
       struct Gemm {
         const char* name;
-        cuda::GroupedGemmArgs args;
+        const std::vector<cuda::GroupedGemmArgs>& configs;
         ExpertGemmShapes shapes;
         const void* a;
         const void* b;
         void* c;
       };
-      for (const Gemm& g : {Gemm{"gemm0+swiglu", g0, s0, a.ptr, w0_concat.ptr, c0.ptr},
-                            Gemm{"gemm1", g1, s1, inter.ptr, w1.ptr, c1.ptr}}) {
+      for (const Gemm& g : {Gemm{"gemm0+swiglu", args0, s0, a.ptr, w0_concat.ptr, c0.ptr},
+                            Gemm{"gemm1", args1, s1, inter.ptr, w1.ptr, c1.ptr}}) {
         cublas.prepare_grouped(g.shapes, g.a, g.b, g.c);
-        cuda::GroupedGemmArgs claimed = g.args;
+        cuda::GroupedGemmArgs claimed = g.configs[0];
         claimed.tile_claims = claims.ptr;
-        const std::vector<Variant> variants = {
-            {"comet", [&](cudaStream_t st) { cuda::run_grouped_gemm(g.args, st); }},
-            {"comet-claimed", [&](cudaStream_t st) { cuda::run_grouped_gemm(claimed, st); }},
-            {"cublas-loop", [&](cudaStream_t st) { cublas.per_expert_loop(g.shapes, g.a, g.b, g.c, st); }},
-            {"cublas-grouped", [&](cudaStream_t st) { cublas.grouped(st); }},
-        };
+        std::vector<Variant> variants;
+        for (int i = 0; i < kConfigs; ++i)
+          variants.push_back({cuda::gemm_kernel_name(cuda::kGemmKernels[i]),
+                              [&, i](cudaStream_t st) { cuda::run_grouped_gemm(g.configs[i], st); }});
+        variants.push_back({"comet-claimed", [&](cudaStream_t st) { cuda::run_grouped_gemm(claimed, st); }});
+        variants.push_back({"cublas-loop", [&](cudaStream_t st) { cublas.per_expert_loop(g.shapes, g.a, g.b, g.c, st); }});
+        variants.push_back({"cublas-grouped", [&](cudaStream_t st) { cublas.grouped(st); }});
         const std::vector<double> us = time_interleaved(variants, stream, o.iters, o.warmup_ms);
+        const cuda::GroupedGemmArgs& first = g.configs[0];
+        const cuda::GemmKernel chosen = cuda::choose_gemm_kernel(first.epilogue, first.n, first.k, E);
         GemmBenchRow row;
         row.model = name;
         row.gemm = g.name;
         row.tokens = tokens;
         row.experts = E;
         row.rows = total_rows;
-        row.n = g.args.n;
-        row.k = g.args.k;
+        row.n = first.n;
+        row.k = first.k;
         row.flop = 2.0 * total_rows * double(g.shapes.n) * g.shapes.k;
-        row.kernel = cuda::gemm_kernel_name(g.args.kernel);
-        row.ours_us = us[0];
-        row.claimed_us = us[1];
-        row.cublas_loop_us = us[2];
-        row.cublas_grouped_us = us[3];
+        row.kernel = cuda::gemm_kernel_name(chosen);
+        for (int i = 0; i < kConfigs; ++i) {
+          row.config_us.push_back(us[i]);
+          if (cuda::kGemmKernels[i] == chosen) row.ours_us = us[i];
+        }
+        row.claimed_us = us[kConfigs];
+        row.cublas_loop_us = us[kConfigs + 1];
+        row.cublas_grouped_us = us[kConfigs + 2];
         out.push_back(row);
       }
 
@@ -208,11 +224,11 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       std::vector<uint16_t> ours1(size_t(max_rows) * H), ref1(size_t(max_rows) * H);
       COMET_CUDA_CHECK(cudaMemcpy(ours1.data(), out1.ptr, ours1.size() * 2, cudaMemcpyDeviceToHost));
       COMET_CUDA_CHECK(cudaMemcpy(ref1.data(), c1.ptr, ref1.size() * 2, cudaMemcpyDeviceToHost));
-      // The timed claimed-tile launches must reproduce those outputs bit for bit: each runs into a
-      // poisoned output (GEMM1 after GEMM0 rewrote its input `inter`). Every row of the buffers
-      // lies in some tile when there is any row at all.
-      auto claimed_matches = [&](cuda::GroupedGemmArgs args, const std::vector<uint16_t>& want) {
-        args.tile_claims = claims.ptr;
+      // The timed claimed-tile launches and the other configurations must reproduce those
+      // outputs bit for bit (the same k order per element): each runs into a poisoned output
+      // (GEMM1 after GEMM0 rewrote its input `inter`). Every row of the buffers lies in some tile
+      // when there is any row at all.
+      auto same_output = [&](const cuda::GroupedGemmArgs& args, const std::vector<uint16_t>& want) {
         COMET_CUDA_CHECK(cudaMemsetAsync(args.d, 0xff, want.size() * 2, stream));
         cuda::run_grouped_gemm(args, stream);
         std::vector<uint16_t> got(want.size());
@@ -220,8 +236,21 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
         COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
         return got == want;
       };
-      const bool claimed0 = total_rows == 0 || claimed_matches(g0, ours0);
-      const bool claimed1 = total_rows == 0 || claimed_matches(g1, ours1);
+      cuda::GroupedGemmArgs claimed0_args = g0, claimed1_args = g1;
+      claimed0_args.tile_claims = claimed1_args.tile_claims = claims.ptr;
+      const bool claimed0 = total_rows == 0 || same_output(claimed0_args, ours0);
+      const bool claimed1 = total_rows == 0 || same_output(claimed1_args, ours1);
+      // Configurations whose output is not the cooperative one's. GEMM1's checks read `inter`, so
+      // GEMM0's cooperative output is restored after GEMM0's checks.
+      auto differing = [&](const std::vector<cuda::GroupedGemmArgs>& configs, const std::vector<uint16_t>& want) {
+        std::string names;
+        for (int i = 1; i < kConfigs && total_rows > 0; ++i)
+          if (!same_output(configs[i], want)) names += (names.empty() ? "" : ",") + std::string(cuda::gemm_kernel_name(configs[i].kernel));
+        return names;
+      };
+      std::string differs0 = differing(args0, ours0);
+      if (total_rows > 0 && !same_output(g0, ours0)) differs0 += " (cooperative not repeatable)";
+      const std::string differs1 = differing(args1, ours1);
       cuda::DeviceError err;
       COMET_CUDA_CHECK(cudaMemcpy(&err, error.ptr, sizeof err, cudaMemcpyDeviceToHost));
       Rng rng(o.seed + tokens);
@@ -250,8 +279,10 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       r1.max_rel_err = scale1 > 0 ? err1 / scale1 : err1;
       r0.claimed_matches = claimed0;
       r1.claimed_matches = claimed1;
-      r0.verified = !err.claimed && r0.max_rel_err < 3e-2 && claimed0;
-      r1.verified = !err.claimed && r1.max_rel_err < 3e-2 && claimed1;
+      r0.configs_differ = differs0;
+      r1.configs_differ = differs1;
+      r0.verified = !err.claimed && r0.max_rel_err < 3e-2 && claimed0 && differs0.empty();
+      r1.verified = !err.claimed && r1.max_rel_err < 3e-2 && claimed1 && differs1.empty();
       ++done;
     }
   }

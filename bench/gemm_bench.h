@@ -23,12 +23,14 @@ struct GemmBenchRow {
   std::string model, gemm;  // gemm: "gemm0+swiglu" or "gemm1"
   int tokens = 0, experts = 0, rows = 0, n = 0, k = 0;
   double flop = 0;
-  std::string kernel;  // the configuration kAuto chose
+  std::string kernel;  // the configuration kAuto chose; ours_us is its time
   double ours_us = 0, cublas_loop_us = 0, cublas_grouped_us = 0;
-  double claimed_us = 0;  // ours with tiles claimed from a counter, as in a layer
+  std::vector<double> config_us;  // each configuration of cuda::kGemmKernels, static tiles
+  double claimed_us = 0;  // cooperative with tiles claimed from a counter, as in a layer
   double max_rel_err = 0;  // ours vs cuBLAS on sampled elements
   bool claimed_matches = false;  // claimed tiles gave the static output bitwise
-  bool verified = false;         // max_rel_err within bounds, no device error, claimed_matches
+  std::string configs_differ;    // configurations whose output differs from the cooperative one's
+  bool verified = false;         // max_rel_err within bounds, no device error, all outputs equal
   double ours_tflops() const { return flop / ours_us * 1e-6; }
   double cublas_best_us() const { return std::min(cublas_loop_us, cublas_grouped_us); }
   double cublas_tflops() const { return flop / cublas_best_us() * 1e-6; }

@@ -13,24 +13,37 @@ const char* gemm_kernel_name(GemmKernel kernel) {
   switch (kernel) {
     case GemmKernel::kAuto: return "auto";
     case GemmKernel::kCooperative128x256: return "cooperative-128x256";
+    case GemmKernel::kCooperative128x256Cluster2x1: return "cooperative-128x256-cluster2x1";
+    case GemmKernel::kPingpong128x128: return "pingpong-128x128";
+    case GemmKernel::kPingpong128x128Cluster2x1: return "pingpong-128x128-cluster2x1";
   }
   return "?";
 }
 
 int gemm_tile_n(GemmKernel kernel) {
-  (void)kernel;  // every configuration so far is 256 columns wide
-  return 256;
+  COMET_CHECK(kernel != GemmKernel::kAuto, "gemm_tile_n: resolve the kernel first (resolve_gemm_kernel)");
+  return kernel == GemmKernel::kPingpong128x128 || kernel == GemmKernel::kPingpong128x128Cluster2x1 ? 128 : 256;
 }
 
-GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k) {
-  (void)epilogue;
+int gemm_cluster_m(GemmKernel kernel) {
+  return kernel == GemmKernel::kCooperative128x256Cluster2x1 || kernel == GemmKernel::kPingpong128x128Cluster2x1 ? 2 : 1;
+}
+
+// From `comet bench gemm` on the H200 (docs/results/2026-11-30-gemm-configurations.md), all
+// four configurations timed interleaved on the 30 preset shapes:
+// - GEMM0 + SwiGLU: ping-pong with 2x1 clusters was fastest on 12 of 15 shapes (K = 2048-4096);
+//   at K = 7168 (deepseek-v3) cooperative was 3-4% faster at 2048 and 4096 tokens per rank.
+// - GEMM1: ping-pong was fastest on 13 of 15 (within 3.2% of the best on the other two).
+GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_experts) {
   (void)n;
-  (void)k;
-  return GemmKernel::kCooperative128x256;
+  (void)num_experts;
+  if (epilogue == GemmEpilogue::kSwiGlu)
+    return k >= 6144 ? GemmKernel::kCooperative128x256 : GemmKernel::kPingpong128x128Cluster2x1;
+  return GemmKernel::kPingpong128x128;
 }
 
 GemmKernel resolve_gemm_kernel(const GroupedGemmArgs& a) {
-  return a.kernel == GemmKernel::kAuto ? choose_gemm_kernel(a.epilogue, a.n, a.k) : a.kernel;
+  return a.kernel == GemmKernel::kAuto ? choose_gemm_kernel(a.epilogue, a.n, a.k, a.num_experts) : a.kernel;
 }
 
 int gemm_b_rows(GemmEpilogue epilogue, int n) {
@@ -70,6 +83,16 @@ Status can_implement(const GroupedGemmArgs& a) {
   if (!a.a || !a.b || !a.d || !a.tiles || !a.num_tiles || !a.error) return Status::failure("grouped GEMM: a null pointer among a, b, d, tiles, num_tiles, error");
   if ((a.wait_flags == nullptr) != (a.wait_targets == nullptr))
     return Status::failure("grouped GEMM: wait_flags and wait_targets must be given together");
+  const GemmKernel kernel = resolve_gemm_kernel(a);
+  if (a.tile_claims != nullptr && gemm_cluster_m(kernel) > 1) {
+    os << "grouped GEMM: claimed tiles (tile_claims) need a kernel without clusters, not " << gemm_kernel_name(kernel);
+    return Status::failure(os.str());
+  }
+  if (a.num_blocks != 0 && a.num_blocks % gemm_cluster_m(kernel) != 0) {
+    os << "grouped GEMM: num_blocks=" << a.num_blocks << " is not a multiple of the cluster size "
+       << gemm_cluster_m(kernel) << " of " << gemm_kernel_name(kernel);
+    return Status::failure(os.str());
+  }
   return Status::success();
 }
 
@@ -80,57 +103,67 @@ std::vector<int> expert_row_offsets(const std::vector<int>& rows) {
   return offsets;
 }
 
-int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks) {
-  (void)num_experts;  // segments are padded inside max_rows, so rows bound the tiles
-  return int64_t(max_rows / kGemmBlockM) * num_n_blocks;
+int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel) {
+  // Segments are padded inside max_rows, so rows bound the real tiles; each expert adds at most
+  // cluster - 1 padding tiles per column block.
+  const int cluster = gemm_cluster_m(kernel);
+  return (int64_t(max_rows / kGemmBlockM) + int64_t(num_experts) * (cluster - 1)) * num_n_blocks;
 }
 
 namespace {
 
 // One block: prefix sums over experts (padded to the tile height), then every thread writes
-// tiles. E is at most a few hundred, so the serial scan costs nothing next to a GEMM.
-__global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_experts, int num_n_blocks,
+// tiles. E is at most a few hundred, so the serial scan costs nothing next to a GEMM. The raster
+// walks cluster units (`cluster` consecutive M tiles of one expert); each unit expands into its
+// `cluster` schedule entries, padding tiles where the expert has no more M tiles.
+__global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, int cluster,
                                    TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity) {
-  extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, then [E + 1] tile offsets
-  int32_t* tile_psum = psum + num_experts + 1;
+  extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, then [E + 1] unit offsets
+  int32_t* unit_psum = psum + num_experts + 1;
   if (threadIdx.x == 0) {
     psum[0] = 0;
-    tile_psum[0] = 0;
+    unit_psum[0] = 0;
     for (int e = 0; e < num_experts; ++e) {
       const int m_tiles = (rows_per_expert[e] + kGemmBlockM - 1) / kGemmBlockM;
       psum[e + 1] = psum[e] + m_tiles * kGemmBlockM;
-      tile_psum[e + 1] = tile_psum[e] + m_tiles;
+      unit_psum[e + 1] = unit_psum[e] + (m_tiles + cluster - 1) / cluster;
     }
-    const int64_t total = int64_t(tile_psum[num_experts]) * num_n_blocks;
+    const int64_t total = int64_t(unit_psum[num_experts]) * cluster * num_n_blocks;
     *num_tiles = int32_t(total <= capacity ? total : 0);
   }
   __syncthreads();
-  const int m_total = tile_psum[num_experts];
-  const int64_t total = int64_t(m_total) * num_n_blocks;
-  if (total > capacity) return;  // *num_tiles = 0: nothing runs; the caller sized it wrong
-  for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
-    int m, n;
-    raster_tile(order, default_raster_group(order), i, m_total, num_n_blocks, m, n);
-    int e = 0;  // expert of global M tile m (binary search over tile prefix sums)
-    int lo = 0, hi = num_experts - 1;
+  const int units_m = unit_psum[num_experts];
+  const int64_t units = int64_t(units_m) * num_n_blocks;
+  if (units * cluster > capacity) return;  // *num_tiles = 0: nothing runs; the caller sized it wrong
+  // A row-major group keeps kRasterGroupM M tiles whatever the cluster.
+  const int group = order == TileOrder::kRowMajor ? (kRasterGroupM + cluster - 1) / cluster : default_raster_group(order);
+  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+    int mu, n;
+    raster_tile(order, group, u, units_m, num_n_blocks, mu, n);
+    int lo = 0, hi = num_experts - 1;  // expert of unit mu (binary search over unit prefix sums)
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (tile_psum[mid] <= m) lo = mid; else hi = mid - 1;
+      if (unit_psum[mid] <= mu) lo = mid; else hi = mid - 1;
     }
-    e = lo;
-    const int m_row = psum[e] + (m - tile_psum[e]) * kGemmBlockM;
-    tiles[i] = GemmTile{m_row, n, e, m_row / kGemmBlockM};
+    const int e = lo;
+    const int first_row = psum[e] + (mu - unit_psum[e]) * cluster * kGemmBlockM;
+    for (int r = 0; r < cluster; ++r) {
+      const int m_row = first_row + r * kGemmBlockM;
+      tiles[u * cluster + r] = m_row < psum[e + 1] ? GemmTile{m_row, n, e, m_row / kGemmBlockM}
+                                                   : GemmTile{~first_row, n, e, first_row / kGemmBlockM};
+    }
   }
 }
 
 }  // namespace
 
-void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, TileOrder order,
-                      GemmTile* tiles, int32_t* num_tiles, int64_t capacity, CUstream_st* stream) {
+void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
+                      TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity, CUstream_st* stream) {
   COMET_CHECK(num_experts >= 1 && num_n_blocks >= 1, "build_gemm_tiles: E=" << num_experts << ", n blocks=" << num_n_blocks);
+  COMET_CHECK(kernel != GemmKernel::kAuto, "build_gemm_tiles: resolve the kernel first (resolve_gemm_kernel)");
   const size_t smem = size_t(2 * (num_experts + 1)) * sizeof(int32_t);
-  build_tiles_kernel<<<1, 512, smem, stream>>>(rows_per_expert, num_experts, num_n_blocks, order, tiles,
-                                               num_tiles, capacity);
+  build_tiles_kernel<<<1, 512, smem, stream>>>(rows_per_expert, num_experts, num_n_blocks, gemm_cluster_m(kernel),
+                                               order, tiles, num_tiles, capacity);
   COMET_CUDA_CHECK_LAUNCH();
 }
 

@@ -14,7 +14,8 @@
 // Schedule: `tiles` holds GemmTile entries in run order (built on the device by
 // build_gemm_tiles, or by the layer's metadata kernel); `num_tiles` is read on the device, so
 // no host synchronization is needed and the launch can be captured in a CUDA graph.
-// Block b of the G GEMM blocks runs tiles b, b+G, b+2G, ...; or, with `tile_claims` set, each
+// Block b of the G GEMM blocks runs tiles b, b+G, b+2G, ... (with 2-block clusters: cluster c of
+// G/2 runs tiles 2c and 2c+1, then 2(c+G/2) and 2(c+G/2)+1, ...); or, with `tile_claims` set, each
 // block claims its next tile from that counter in schedule order, which balances blocks whose
 // tiles take different times and lets blocks join late (a fused kernel's communication blocks,
 // cuda/fused_layer.h). The counter must be 0 at launch, and the launch leaves it 0 (the last
@@ -33,6 +34,7 @@
 #include "comet/error.h"
 #include "core/kernel_trace.h"
 #include "cuda/device_error.h"
+#include "cuda/host_device.h"
 
 struct CUstream_st;
 
@@ -43,23 +45,45 @@ inline constexpr int kSwiGluPack = 64;   // gate/up interleave of the SwiGLU wei
 
 enum class GemmEpilogue : int32_t { kIdentity, kSwiGlu };
 
-// Kernel configurations (one translation unit each per epilogue). Cooperative: both consumer
-// warpgroups share each 128 x 256 tile. The enum is the tuning knob for further tile shapes;
+// Kernel configurations (one translation unit each per epilogue):
+// - Cooperative128x256: both consumer warpgroups share each 128 x 256 tile (64 rows each).
+// - Pingpong128x128: each consumer warpgroup runs whole 128 x 128 tiles, the two taking turns on
+//   the tensor cores, so one's epilogue hides under the other's mainloop.
+// - ...Cluster2x1: the same blocks in clusters of two that run two M tiles of one column block
+//   together, each block loading half of the B tile and multicasting it to both (half the
+//   L2 -> SM traffic of B); the schedule pairs the tiles (build_gemm_tiles) and claimed tiles
+//   are refused.
 // kAuto resolves per shape (choose_gemm_kernel).
-enum class GemmKernel : int32_t { kAuto, kCooperative128x256 };
+enum class GemmKernel : int32_t {
+  kAuto,
+  kCooperative128x256,
+  kCooperative128x256Cluster2x1,
+  kPingpong128x128,
+  kPingpong128x128Cluster2x1,
+};
+inline constexpr GemmKernel kGemmKernels[] = {GemmKernel::kCooperative128x256, GemmKernel::kCooperative128x256Cluster2x1,
+                                              GemmKernel::kPingpong128x128, GemmKernel::kPingpong128x128Cluster2x1};
 const char* gemm_kernel_name(GemmKernel kernel);
 // Columns of B per tile.
 int gemm_tile_n(GemmKernel kernel);
-GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k);
+// Blocks per cluster along M: consecutive schedule entries [c * m, c * m + m) run together.
+int gemm_cluster_m(GemmKernel kernel);
+GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_experts);
 
 // One unit of work: rows [m_row, m_row + kGemmBlockM) of A, output column block n_block of
 // expert `expert`; `signal` indexes wait_flags/wait_targets (ignored without them).
+// A padding tile (m_row < 0) exists only in cluster schedules: it completes the cluster of an
+// expert whose M tiles are not a multiple of the cluster. Its block loads A rows ~m_row (those
+// of the cluster's first tile, so the load hits L2), takes its share of the B multicast,
+// computes, and stores nothing: no output, no wait, no done signal, no trace record.
 struct alignas(16) GemmTile {
   int32_t m_row;
   int32_t n_block;
   int32_t expert;
   int32_t signal;
 };
+COMET_HOST_DEVICE inline bool gemm_tile_is_padding(const GemmTile& t) { return t.m_row < 0; }
+COMET_HOST_DEVICE inline int gemm_tile_a_row(const GemmTile& t) { return t.m_row < 0 ? ~t.m_row : t.m_row; }
 
 // Both orders walk the (M tile, column block) grid in groups so that the ~132 tiles in flight
 // share few A row blocks and few B column blocks (L2 reuse: a wave of 16 M tiles x 8 column
@@ -119,17 +143,17 @@ GemmKernel resolve_gemm_kernel(const GroupedGemmArgs& args);
 Status can_implement(const GroupedGemmArgs& args);
 // Launch (asynchronous on `stream`). Throws comet::Error if !can_implement.
 void run_grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream);
-// Shared memory and threads of one block (for occupancy checks and fused kernels).
-int grouped_gemm_smem_bytes(GemmEpilogue epilogue, GemmKernel kernel);
 
 // Padded row offsets of expert segments: offsets[e] = sum_{e'<e} round_up(rows[e'], kGemmBlockM).
 std::vector<int> expert_row_offsets(const std::vector<int>& rows_per_expert);
-// Upper bound of GEMM tiles for a schedule capacity computation.
-int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks);
+// Upper bound of GEMM tiles of a schedule for `kernel` (cluster schedules add padding tiles).
+int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel);
 
-// Device-side schedule: from rows_per_expert[E] (device), writes tiles and *num_tiles.
-// `capacity` bounds the tiles written (the kernel records an error past it).
-void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks,
+// Device-side schedule for `kernel`: from rows_per_expert[E] (device), writes tiles and
+// *num_tiles. With clusters of m blocks, each expert's M tiles are grouped m at a time (the
+// last group completed with padding tiles), and the raster walks groups: entries [c m, c m + m)
+// share expert and column block. `capacity` bounds the tiles written (*num_tiles = 0 past it).
+void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
                       CUstream_st* stream);
 

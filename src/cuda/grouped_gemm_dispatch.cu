@@ -4,22 +4,34 @@
 
 namespace comet::cuda {
 
-void launch_grouped_gemm_swiglu_cooperative(const GroupedGemmArgs& args, cudaStream_t stream);
-void launch_grouped_gemm_identity_cooperative(const GroupedGemmArgs& args, cudaStream_t stream);
-int grouped_gemm_swiglu_cooperative_smem_bytes();
-int grouped_gemm_identity_cooperative_smem_bytes();
+#define COMET_DECLARE_GEMM_LAUNCH(name) void launch_grouped_gemm_##name(const GroupedGemmArgs& args, cudaStream_t stream);
+COMET_DECLARE_GEMM_LAUNCH(swiglu_cooperative)
+COMET_DECLARE_GEMM_LAUNCH(identity_cooperative)
+COMET_DECLARE_GEMM_LAUNCH(swiglu_cooperative_cluster2x1)
+COMET_DECLARE_GEMM_LAUNCH(identity_cooperative_cluster2x1)
+COMET_DECLARE_GEMM_LAUNCH(swiglu_pingpong)
+COMET_DECLARE_GEMM_LAUNCH(identity_pingpong)
+COMET_DECLARE_GEMM_LAUNCH(swiglu_pingpong_cluster2x1)
+COMET_DECLARE_GEMM_LAUNCH(identity_pingpong_cluster2x1)
+#undef COMET_DECLARE_GEMM_LAUNCH
 
 void run_grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   GroupedGemmArgs a = args;
   a.kernel = resolve_gemm_kernel(args);
-  if (a.epilogue == GemmEpilogue::kSwiGlu) launch_grouped_gemm_swiglu_cooperative(a, stream);
-  else launch_grouped_gemm_identity_cooperative(a, stream);
-}
-
-int grouped_gemm_smem_bytes(GemmEpilogue epilogue, GemmKernel kernel) {
-  (void)kernel;
-  return epilogue == GemmEpilogue::kSwiGlu ? grouped_gemm_swiglu_cooperative_smem_bytes()
-                                           : grouped_gemm_identity_cooperative_smem_bytes();
+  const bool swiglu = a.epilogue == GemmEpilogue::kSwiGlu;
+  switch (a.kernel) {
+    case GemmKernel::kCooperative128x256Cluster2x1:
+      return swiglu ? launch_grouped_gemm_swiglu_cooperative_cluster2x1(a, stream)
+                    : launch_grouped_gemm_identity_cooperative_cluster2x1(a, stream);
+    case GemmKernel::kPingpong128x128:
+      return swiglu ? launch_grouped_gemm_swiglu_pingpong(a, stream) : launch_grouped_gemm_identity_pingpong(a, stream);
+    case GemmKernel::kPingpong128x128Cluster2x1:
+      return swiglu ? launch_grouped_gemm_swiglu_pingpong_cluster2x1(a, stream)
+                    : launch_grouped_gemm_identity_pingpong_cluster2x1(a, stream);
+    case GemmKernel::kCooperative128x256:
+    case GemmKernel::kAuto:  // resolved above
+      return swiglu ? launch_grouped_gemm_swiglu_cooperative(a, stream) : launch_grouped_gemm_identity_cooperative(a, stream);
+  }
 }
 
 }  // namespace comet::cuda

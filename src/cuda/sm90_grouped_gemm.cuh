@@ -2,11 +2,16 @@
 //
 // Structure of one 384-thread block (one block per SM, persistent):
 //   warpgroup 0, warp 0   producer: picks the block's next tile (static: b, b+G, ...; or claimed
-//                         from a counter in schedule order, so blocks may join late) and hands
+//                         from a counter in schedule order, so blocks may join late; with
+//                         clusters of kClusterM blocks, static by cluster: the blocks of a
+//                         cluster run consecutive schedule entries together) and hands
 //                         its index to the consumers through a two-slot queue in shared memory;
 //                         for each tile, optionally acquire-wait on the
 //                         tile's signal, then TMA-load the A and B k-tiles into a ring of
-//                         shared-memory stages (CUTLASS's PipelineTmaAsync)
+//                         shared-memory stages (CUTLASS's PipelineTmaAsync); in a cluster, each
+//                         block loads 1/kClusterM of the B k-tile and multicasts it to all, so a
+//                         stage is full when every block's share arrived and free when every
+//                         block's consumers released it (the pipeline counts both)
 //   warpgroups 1 and 2    consumers, cooperative: both run wgmma on every tile (64 rows each of
 //                         the 128-row tile) through CUTLASS's sm90 TMA/GMMA mainloop collective,
 //                         then the epilogue: registers -> padded shared memory -> coalesced
@@ -28,6 +33,8 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -44,8 +51,15 @@ namespace comet::cuda::sm90 {
 
 using namespace cute;
 
-template <GemmEpilogue kEpilogue, int kTileM_, int kTileN_, int kTileK_>
+template <GemmEpilogue kEpilogue, int kTileM_, int kTileN_, int kTileK_, int kClusterM_ = 1, bool kPingpong_ = false>
 struct GroupedGemmKernel {
+  static constexpr int kClusterM = kClusterM_;  // blocks per cluster, along M (they share B)
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 blocks");
+  // Cooperative: both consumer warpgroups share each tile (64 rows each). Ping-pong: each
+  // warpgroup runs whole tiles, alternating with the other; their mainloops take turns on the
+  // tensor cores (and their epilogues take turns on the staging buffer), so one warpgroup's
+  // epilogue runs while the other's wgmma keep the tensor cores busy.
+  static constexpr bool kPingpong = kPingpong_;
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;  // columns of B per tile
   static constexpr int kTileK = kTileK_;
@@ -53,10 +67,12 @@ struct GroupedGemmKernel {
   static_assert(kEpilogue != GemmEpilogue::kSwiGlu || kTileN % (2 * kSwiGluPack) == 0,
                 "a SwiGLU tile must hold whole gate/up pairs");
   static constexpr int kThreads = 384;
-  static constexpr int kMmaThreads = 256;  // two consumer warpgroups share each tile
+  static constexpr int kConsumerThreads = 256;                  // two consumer warpgroups
+  static constexpr int kMmaThreads = kPingpong ? 128 : 256;     // threads that run one tile
+  static constexpr int kRowsPerWarpGroup = kPingpong ? kTileM : kTileM / 2;  // rows each stores
   // Epilogue staging: kStageCols output columns per pass, rows padded by 8 bf16 (16 bytes) so
   // that the fragment's 8-row store pattern hits 32 distinct banks.
-  static constexpr int kStageCols = 128;
+  static constexpr int kStageCols = kOutN < 128 ? kOutN : 128;
   static constexpr int kStageLd = kStageCols + 8;
   static constexpr int kPasses = kOutN / kStageCols;
   static_assert(kOutN % kStageCols == 0, "output tile must be whole staging passes");
@@ -66,7 +82,7 @@ struct GroupedGemmKernel {
 
   using Element = cutlass::bfloat16_t;
   using TileShape = Shape<Int<kTileM>, Int<kTileN>, Int<kTileK>>;
-  using ClusterShape = Shape<_1, _1, _1>;
+  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -74,7 +90,8 @@ struct GroupedGemmKernel {
       Element, cutlass::layout::ColumnMajor, 8,  // B: [N][K], K contiguous
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<kStageBytes + 256>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
 
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
@@ -87,11 +104,14 @@ struct GroupedGemmKernel {
   static constexpr int kQueueSlots = 2;
   using TileQueue = cutlass::PipelineAsync<kQueueSlots>;
   using QueueState = cutlass::PipelineState<kQueueSlots>;
+  // Ping-pong turns: two stages (mainloop, epilogue) passed between the two warpgroups.
+  using MathOrder = cutlass::OrderedSequenceBarrier<2, 2>;
 
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename TileQueue::SharedStorage queue;
+    alignas(16) typename MathOrder::SharedStorage math_order;
     int32_t queued_tile[kQueueSlots];
     alignas(16) __nv_bfloat16 stage[kTileM * kStageLd];  // epilogue staging
   };
@@ -190,9 +210,14 @@ struct GroupedGemmKernel {
     typename TileQueue::Params queue_params;
     queue_params.role = warp_group == 0 ? TileQueue::ThreadCategory::Producer : TileQueue::ThreadCategory::Consumer;
     queue_params.producer_arv_count = 1;
-    queue_params.consumer_arv_count = kMmaThreads;
+    queue_params.consumer_arv_count = kConsumerThreads;  // both warpgroups read every entry
     TileQueue queue(shared.queue, queue_params);
-    __syncthreads();  // barriers initialized before anyone waits on them
+    // Every thread constructs it (warp 0 initializes the barriers); only consumers use it.
+    MathOrder math_order(shared.math_order, typename MathOrder::Params{uint32_t(warp_group == 2 ? 1 : 0), 128});
+    // Barriers initialized before anyone waits on them; in a cluster, also before a peer block
+    // multicasts into this block's stages or arrives on its barriers.
+    if constexpr (kClusterM > 1) cute::cluster_sync();
+    else __syncthreads();
 
     const int num_tiles = *p.num_tiles;
 
@@ -204,38 +229,51 @@ struct GroupedGemmKernel {
       return;
     }
 
-    // Step 2 (consumers): mainloop through the collective, then our epilogue.
+    // Step 2 (consumers): mainloop through the collective, then our epilogue. Both warpgroups
+    // read every queue entry; in ping-pong, warpgroup w runs entries w, w + 2, ... and its
+    // pipeline reads skip the other's tiles (every tile has k_tiles stages).
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    const int mma_thread = thread_idx - 128;
+    const int consumer = warp_group - 1;
+    const int mma_thread = kPingpong ? thread_idx % 128 : thread_idx - 128;  // index in the tile's MMA
     Mainloop mainloop;
     PipelineState read_state;
+    if (kPingpong && consumer == 1) read_state.advance(p.k_tiles);
     TiledMma tiled_mma;
     QueueState queue_state;
-    for (;;) {
+    for (int entry = 0;; ++entry) {
       queue.consumer_wait(queue_state);
       const int t = shared.queued_tile[queue_state.index()];
       queue.consumer_release(queue_state);
       ++queue_state;
       if (t < 0) break;
+      if (kPingpong && entry % 2 != consumer) continue;
       const GemmTile tile = p.tiles[t];
+      const bool padding = kClusterM > 1 && gemm_tile_is_padding(tile);
       // The tile's trace record opens in memory (no register kept across the mainloop).
-      if (p.trace_tiles != nullptr && mma_thread == 0) p.trace_tiles[t].begin_ns = globaltimer_ns();
+      if (p.trace_tiles != nullptr && mma_thread == 0 && !padding) p.trace_tiles[t].begin_ns = globaltimer_ns();
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+      if constexpr (kPingpong) math_order.wait();  // this warpgroup's turn on the tensor cores
       mainloop.mma(pipeline, read_state, accum, p.k_tiles, mma_thread, shared.tensors, p.mainloop);
+      if constexpr (kPingpong) math_order.arrive();
       mainloop.mma_tail(pipeline, read_state, p.k_tiles);
-      read_state.advance(p.k_tiles);
-      store_tile(p, tile, tiled_mma, accum, mma_thread, shared.stage);
-      if (p.done_flags != nullptr || p.tile_end_ns != nullptr || p.trace_tiles != nullptr) {
-        // Every thread of the tile has stored; one publishes (release) for the whole tile.
-        cutlass::arch::NamedBarrier::sync(kMmaThreads, 1);
-        if (mma_thread == 0) {
-          __threadfence();
-          if (p.done_flags != nullptr) red_release_gpu(p.done_flags + tile.n_block, 1);
-          if (p.tile_end_ns != nullptr) p.tile_end_ns[t] = globaltimer_ns();
-          if (p.trace_tiles != nullptr)
-            close_trace_event(p.trace_tiles + t, globaltimer_ns(), t, 1, TraceKind::kGemmTile, p.layer, p.rank);
+      read_state.advance(p.k_tiles * (kPingpong ? 2 : 1));
+      if constexpr (kPingpong) math_order.wait();  // this warpgroup's turn on the staging buffer
+      // A padding tile was computed only to keep the cluster's B multicast in step.
+      if (!padding) {
+        store_tile(p, tile, tiled_mma, accum, mma_thread, consumer, shared.stage);
+        if (p.done_flags != nullptr || p.tile_end_ns != nullptr || p.trace_tiles != nullptr) {
+          // Every thread of the tile has stored; one publishes (release) for the whole tile.
+          cutlass::arch::NamedBarrier::sync(kMmaThreads, kPingpong ? 2 + consumer : 1);
+          if (mma_thread == 0) {
+            __threadfence();
+            if (p.done_flags != nullptr) red_release_gpu(p.done_flags + tile.n_block, 1);
+            if (p.tile_end_ns != nullptr) p.tile_end_ns[t] = globaltimer_ns();
+            if (p.trace_tiles != nullptr)
+              close_trace_event(p.trace_tiles + t, globaltimer_ns(), t, 1, TraceKind::kGemmTile, p.layer, p.rank);
+          }
         }
       }
+      if constexpr (kPingpong) math_order.arrive();
     }
     after_tiles();
   }
@@ -248,8 +286,12 @@ struct GroupedGemmKernel {
     Tensor gB = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});  // (BN,BK,n,k,l)
     Tensor sA = make_tensor(make_smem_ptr(shared.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+    // In a cluster, block r of the cluster loads slice r of each B k-tile and multicasts it to
+    // every block of the cluster (mask: all of them); A is this block's own.
+    const int cluster_rank = gemm_block % kClusterM;
+    const uint16_t multicast_b = uint16_t((1u << kClusterM) - 1);
     auto tma_a = p.mainloop.tma_load_a.get_slice(0);
-    auto tma_b = p.mainloop.tma_load_b.get_slice(0);
+    auto tma_b = p.mainloop.tma_load_b.get_slice(cluster_rank);
     Tensor tAsA = tma_a.partition_D(sA);
     Tensor tBsB = tma_b.partition_D(sB);
     PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
@@ -261,8 +303,10 @@ struct GroupedGemmKernel {
       // issued, so a block never holds more than the tile it is about to load. Every block
       // stops at its first claim past the end, so the launch's claims end at num_tiles +
       // claim_blocks: the block holding the last one resets the counter for the next launch.
-      int t = gemm_block + i * num_gemm_blocks;
-      if (p.tile_claims != nullptr) {
+      // Static: cluster unit u of U runs entries u, u + U, ... of kClusterM tiles each.
+      const int units = num_gemm_blocks / kClusterM;
+      int t = (gemm_block / kClusterM + i * units) * kClusterM + cluster_rank;
+      if (kClusterM == 1 && p.tile_claims != nullptr) {
         unsigned claim = 0;
         if (lane == 0) {
           claim = atomicAdd(p.tile_claims, 1u);
@@ -279,7 +323,7 @@ struct GroupedGemmKernel {
       ++queue_state;
       if (t < 0) break;
       const GemmTile tile = p.tiles[t];
-      if (leader && p.wait_flags != nullptr) {
+      if (leader && p.wait_flags != nullptr && !gemm_tile_is_padding(tile)) {
         const WaitSite site{p.rank, p.layer, WaitRole::kGemmTileInput, tile.signal};
         const uint64_t wait_begin = p.trace_waits != nullptr ? globaltimer_ns() : 0;
         wait_at_least(p.wait_flags + tile.signal, p.wait_targets[tile.signal], p.timeout_ns, p.error, site);
@@ -289,7 +333,7 @@ struct GroupedGemmKernel {
                             p.rank);
       }
       __syncwarp();
-      Tensor tAgA = tma_a.partition_S(gA(_, _, tile.m_row / kTileM, _, 0));      // (TMA,TMA_M,TMA_K,k)
+      Tensor tAgA = tma_a.partition_S(gA(_, _, gemm_tile_a_row(tile) / kTileM, _, 0));  // (TMA,TMA_M,TMA_K,k)
       Tensor tBgB = tma_b.partition_S(gB(_, _, tile.n_block, _, tile.expert));  // (TMA,TMA_N,TMA_K,k)
       if (leader) {
         for (int k = 0; k < p.k_tiles; ++k) {
@@ -297,7 +341,8 @@ struct GroupedGemmKernel {
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();
           copy(p.mainloop.tma_load_a.with(*barrier, 0), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-          copy(p.mainloop.tma_load_b.with(*barrier, 0), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+          copy(p.mainloop.tma_load_b.with(*barrier, kClusterM > 1 ? multicast_b : uint16_t(0)), tBgB(_, _, _, k),
+               tBsB(_, _, _, stage));
           ++write_state;
         }
       }
@@ -310,17 +355,18 @@ struct GroupedGemmKernel {
   // a wgmma warpgroup holds, per thread, column pairs (c, c+1) in groups of 8 columns; with B
   // packed as alternating blocks of kSwiGluPack gate and kSwiGluPack up columns, the up value
   // of gate column c sits kSwiGluPack columns later in the same thread's fragment, at a fixed
-  // index distance. Each warpgroup stages and stores only its own 64 rows, so it synchronizes
-  // with itself alone (named barrier 2 + warpgroup).
+  // index distance. Each warpgroup stages and stores only its own rows (cooperative: its 64 of
+  // the tile; ping-pong: all of its tile, in its epilogue turn), so it synchronizes with itself
+  // alone (named barrier 2 + consumer warpgroup).
   template <class Accum>
   static __device__ void store_tile(const Params& p, const GemmTile& tile, const TiledMma& tiled_mma,
-                                    const Accum& accum, int mma_thread, __nv_bfloat16* stage) {
+                                    const Accum& accum, int mma_thread, int consumer, __nv_bfloat16* stage) {
     static_assert(decltype(size<2>(accum))::value == 1, "one MMA atom across the tile's N expected");
     static_assert(decltype(size<0>(accum))::value == kTileN / 2, "((2,2,N/8), M, 1) accumulator expected");
     auto thr_mma = tiled_mma.get_slice(mma_thread);
     Tensor coord = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
-    const int warp_group = mma_thread / 128, wg_thread = mma_thread % 128;
-    const int row0 = warp_group * (kTileM / 2);  // this warpgroup's rows
+    const int wg_thread = mma_thread % 128;
+    const int row0 = (mma_thread / 128) * kRowsPerWarpGroup;  // this warpgroup's rows
     const int col0 = tile.n_block * kOutN;
     CUTLASS_PRAGMA_UNROLL
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -351,10 +397,10 @@ struct GroupedGemmKernel {
         }
         *reinterpret_cast<__nv_bfloat162*>(stage + r * kStageLd + c) = __floats2bfloat162_rn(v0, v1);
       }
-      cutlass::arch::NamedBarrier::sync(128, 2 + warp_group);
+      cutlass::arch::NamedBarrier::sync(128, 2 + consumer);
       // Step 2: shared memory -> global, 16 bytes per thread, consecutive threads along a row.
       constexpr int kChunksPerRow = kStageCols / 8;
-      constexpr int kChunks = (kTileM / 2) * kChunksPerRow;
+      constexpr int kChunks = kRowsPerWarpGroup * kChunksPerRow;
       CUTLASS_PRAGMA_UNROLL
       for (int chunk = wg_thread; chunk < kChunks; chunk += 128) {
         const int r = row0 + chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * 8;
@@ -364,7 +410,7 @@ struct GroupedGemmKernel {
               *reinterpret_cast<const uint4*>(stage + r * kStageLd + c);
         }
       }
-      cutlass::arch::NamedBarrier::sync(128, 2 + warp_group);  // stage free for the next pass
+      cutlass::arch::NamedBarrier::sync(128, 2 + consumer);  // stage free for the next pass
     }
   }
 

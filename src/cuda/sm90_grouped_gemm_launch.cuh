@@ -2,6 +2,7 @@
 // units (each .cu instantiates exactly one kernel configuration).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 
@@ -13,6 +14,46 @@ namespace comet::cuda::sm90 {
 // Launch attributes are per device: the launchers remember per device ordinal what they set.
 inline constexpr int kMaxDevices = 64;
 
+// A launch of `blocks` blocks in clusters of Kernel::kClusterM (the attribute lives in the caller,
+// which the configuration points to).
+template <class Kernel>
+cudaLaunchConfig_t cluster_launch_config(int blocks, cudaStream_t stream, cudaLaunchAttribute& cluster) {
+  cluster = cudaLaunchAttribute{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Kernel::kClusterM;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(Kernel::kThreads);
+  config.dynamicSmemBytes = Kernel::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return config;
+}
+
+// Blocks of a launch: args.num_blocks, or one per SM; with clusters, as many whole clusters as
+// can be resident at once (a persistent grid must never wait for a second wave), which can be
+// fewer than SMs / cluster size when a GPC's free SMs do not pair up.
+template <class Kernel>
+int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
+  if (args.num_blocks > 0) return args.num_blocks;
+  if constexpr (Kernel::kClusterM == 1) {
+    return num_sms;
+  } else {
+    static std::array<std::atomic<int>, kMaxDevices> resident{};  // clusters, per device
+    int clusters = resident[device].load(std::memory_order_relaxed);
+    if (clusters == 0) {
+      cudaLaunchAttribute cluster;
+      const cudaLaunchConfig_t config = cluster_launch_config<Kernel>(num_sms, nullptr, cluster);
+      COMET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<Kernel>, &config));
+      COMET_CHECK(clusters > 0, "grouped GEMM: no cluster of " << Kernel::kClusterM << " blocks fits on device " << device);
+      resident[device].store(clusters, std::memory_order_relaxed);
+    }
+    return std::min(clusters, num_sms / Kernel::kClusterM) * Kernel::kClusterM;
+  }
+}
+
 template <class Kernel>
 void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   const Status ok = can_implement(args);
@@ -20,7 +61,6 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   int device = 0, num_sms = 0;
   COMET_CUDA_CHECK(cudaGetDevice(&device));
   COMET_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  const int blocks = args.num_blocks > 0 ? args.num_blocks : num_sms;
   static std::array<std::atomic<bool>, kMaxDevices> attribute_set{};  // per configuration and device
   COMET_CHECK(device < kMaxDevices, "grouped GEMM: device " << device << " beyond " << kMaxDevices);
   if (!attribute_set[device].load(std::memory_order_relaxed)) {
@@ -28,8 +68,15 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
                                           Kernel::kSmemBytes));
     attribute_set[device].store(true, std::memory_order_relaxed);
   }
+  const int blocks = grouped_gemm_blocks<Kernel>(args, device, num_sms);
   const typename Kernel::Params params = Kernel::make_params(args, blocks);
-  grouped_gemm_kernel<Kernel><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  if constexpr (Kernel::kClusterM == 1) {
+    grouped_gemm_kernel<Kernel><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  } else {
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config = cluster_launch_config<Kernel>(blocks, stream, cluster);
+    COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel>, params));
+  }
   COMET_CUDA_CHECK_LAUNCH();
 }
 

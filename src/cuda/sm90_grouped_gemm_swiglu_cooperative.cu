@@ -2,9 +2,8 @@
 #include "cuda/sm90_grouped_gemm_launch.cuh"
 
 namespace comet::cuda {
-using Kernel_swiglu_cooperative = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, 64>;
+using Kernel_swiglu_cooperative = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, 64, 1, false>;
 void launch_grouped_gemm_swiglu_cooperative(const GroupedGemmArgs& args, cudaStream_t stream) {
   sm90::launch_grouped_gemm<Kernel_swiglu_cooperative>(args, stream);
 }
-int grouped_gemm_swiglu_cooperative_smem_bytes() { return Kernel_swiglu_cooperative::kSmemBytes; }
 }  // namespace comet::cuda

@@ -119,23 +119,46 @@ double oracle_element(const GemmProblem& p, int row, int col) {
   return g / (1.0 + std::exp(-g)) * u;
 }
 
-// The arguments every test shares: shapes from the case, the problem's buffers and schedule.
-GroupedGemmArgs base_args(const GemmProblem& p, const void* a, const void* b, void* d, const GemmTile* tiles,
-                          const int32_t* num_tiles) {
-  GroupedGemmArgs args;
-  args.epilogue = p.c.epilogue;
-  args.kernel = p.c.kernel;
-  args.num_experts = int(p.c.rows.size());
-  args.max_rows = p.max_rows;
-  args.n = p.c.n;
-  args.k = p.c.k;
-  args.a = a;
-  args.b = b;
-  args.d = d;
-  args.tiles = tiles;
-  args.num_tiles = num_tiles;
-  return args;
-}
+// A problem on the device: operands, a poisoned output, a zeroed error record, and the schedule
+// for the case's kernel in `order` (built on the default stream). args() holds what every test
+// shares; each adds its waits, signals or claims.
+struct DeviceGemm {
+  DeviceBuffer<uint16_t> a, b, d;
+  DeviceBuffer<int32_t> rows;
+  int num_n_blocks = 0;
+  int64_t capacity = 0;
+  DeviceBuffer<GemmTile> tiles;
+  DeviceBuffer<int32_t> num_tiles{1};
+  DeviceBuffer<DeviceError> error{1};
+
+  DeviceGemm(const GemmProblem& p, TileOrder order)
+      : a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * p.c.n),
+        rows(std::vector<int32_t>(p.c.rows.begin(), p.c.rows.end())),
+        num_n_blocks(gemm_num_n_blocks(p.c.epilogue, p.c.n, p.c.kernel)),
+        capacity(max_gemm_tiles(p.max_rows, int(p.c.rows.size()), num_n_blocks, p.c.kernel)),
+        tiles(capacity) {
+    d.poison();
+    error.zero();
+    build_gemm_tiles(rows.get(), int(p.c.rows.size()), num_n_blocks, p.c.kernel, order, tiles.get(), num_tiles.get(),
+                     capacity, nullptr);
+  }
+  GroupedGemmArgs args(const GemmProblem& p) const {
+    GroupedGemmArgs g;
+    g.epilogue = p.c.epilogue;
+    g.kernel = p.c.kernel;
+    g.num_experts = int(p.c.rows.size());
+    g.max_rows = p.max_rows;
+    g.n = p.c.n;
+    g.k = p.c.k;
+    g.a = a.get();
+    g.b = b.get();
+    g.d = d.get();
+    g.tiles = tiles.get();
+    g.num_tiles = num_tiles.get();
+    g.error = error.get();
+    return g;
+  }
+};
 
 struct GemmRun {
   std::vector<uint16_t> d;
@@ -159,19 +182,8 @@ struct SignalSetup {
 GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signals = nullptr,
                  uint64_t timeout_ns = 2'000'000'000ull, TileDealing dealing = {}) {
   const GemmCase& c = p.c;
-  const int E = int(c.rows.size());
-  DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
-  DeviceBuffer<int32_t> rows(std::vector<int32_t>(c.rows.begin(), c.rows.end()));
-  const int nb = gemm_num_n_blocks(c.epilogue, c.n, c.kernel);
-  const int64_t capacity = max_gemm_tiles(p.max_rows, E, nb);
-  DeviceBuffer<GemmTile> tiles(capacity);
-  DeviceBuffer<int32_t> num_tiles(1);
-  DeviceBuffer<DeviceError> error(1);
-  error.zero();
-  d.poison();
-  build_gemm_tiles(rows.get(), E, nb, order, tiles.get(), num_tiles.get(), capacity, nullptr);
-  GroupedGemmArgs args = base_args(p, a.get(), b.get(), d.get(), tiles.get(), num_tiles.get());
-  args.error = error.get();
+  DeviceGemm g(p, order);
+  GroupedGemmArgs args = g.args(p);
   args.timeout_ns = timeout_ns;
   DeviceBuffer<uint64_t> flags, targets;
   if (signals) {
@@ -187,20 +199,20 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
   run_grouped_gemm(args, nullptr);
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
   if (dealing.claimed) {  // again on the same counter: the output comes from this launch
-    d.poison();
+    g.d.poison();
     run_grouped_gemm(args, nullptr);
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   GemmRun out;
   out.claims = claims.download()[0];
-  out.d = d.download();
-  out.error = error.download()[0];
-  out.num_tiles = num_tiles.download()[0];
+  out.d = g.d.download();
+  out.error = g.error.download()[0];
+  out.num_tiles = g.num_tiles.download()[0];
   DeviceBuffer<float> ref(size_t(p.max_rows) * c.n);
   DeviceBuffer<int32_t> row_expert(std::vector<int32_t>(p.row_expert.begin(), p.row_expert.end()));
   dim3 grid((c.n + 7) / 8, p.max_rows);  // 8 warps, one output element each
-  reference_kernel<<<grid, 256>>>(reinterpret_cast<const __nv_bfloat16*>(a.get()),
-                                  reinterpret_cast<const __nv_bfloat16*>(b.get()), ref.get(), row_expert.get(),
+  reference_kernel<<<grid, 256>>>(reinterpret_cast<const __nv_bfloat16*>(g.a.get()),
+                                  reinterpret_cast<const __nv_bfloat16*>(g.b.get()), ref.get(), row_expert.get(),
                                   p.max_rows, c.n, c.k, gemm_b_rows(c.epilogue, c.n), c.epilogue == GemmEpilogue::kSwiGlu);
   COMET_CUDA_CHECK_LAUNCH();
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
@@ -262,7 +274,7 @@ std::vector<int> preset_rows(const ModelShape& m, int tokens_per_rank, uint64_t 
   return rows;
 }
 
-constexpr GemmKernel kKernels[] = {GemmKernel::kCooperative128x256};
+constexpr auto& kKernels = kGemmKernels;  // every configuration
 
 class GroupedGemmPresetTest : public ::testing::TestWithParam<std::string> {};
 
@@ -274,16 +286,22 @@ TEST_P(GroupedGemmPresetTest, MatchesReferenceForBothLayers) {
   // At most 8 experts: each keeps the preset's H x F shape, and generating 32 experts' weights on
   // the host cost about 100 s of device-machine time per run.
   if (rows.size() > 8) rows.resize(8);
-  for (GemmKernel kernel : kKernels)
+  // One problem per layer (generating the weights dominates), run by every configuration; each
+  // checked against the references and, bit for bit, against the first.
   for (auto [epilogue, k, n] : {std::tuple{GemmEpilogue::kSwiGlu, m.hidden, m.ffn},
                                 std::tuple{GemmEpilogue::kIdentity, m.ffn, m.hidden}}) {
-    const GemmCase c{GetParam(), epilogue, k, n, rows, 1234 + uint64_t(k), kernel};
-    SCOPED_TRACE(c.describe());
-    const GemmProblem p = make_gemm_problem(c);
+    GemmProblem p = make_gemm_problem(GemmCase{GetParam(), epilogue, k, n, rows, 1234 + uint64_t(k)});
     const TileOrder order = epilogue == GemmEpilogue::kSwiGlu ? TileOrder::kRowMajor : TileOrder::kColumnBlockMajor;
-    const GemmRun run = run_case(p, order);
-    EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
-    check_run(p, run);
+    std::vector<uint16_t> first;
+    for (GemmKernel kernel : kKernels) {
+      p.c.kernel = kernel;
+      SCOPED_TRACE(p.c.describe());
+      const GemmRun run = run_case(p, order);
+      EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
+      check_run(p, run);
+      if (first.empty()) first = run.d;
+      else EXPECT_EQ(run.d, first) << "output differs from " << gemm_kernel_name(kKernels[0]);
+    }
   }
 }
 
@@ -296,17 +314,75 @@ INSTANTIATE_TEST_SUITE_P(Presets, GroupedGemmPresetTest,
                            return s;
                          });
 
+// Every kernel configuration computes each tile with the same k order, so their outputs are
+// equal bit for bit (padding rows included: they hold the same products of A's padding rows).
 TEST(GroupedGemm, SkewedZeroAndPartialExperts) {
   COMET_REQUIRE_GPU();
-  for (GemmKernel kernel : kKernels)
   for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
-    // Empty experts, one-row experts, a tile-multiple, and one expert holding most rows.
-    const GemmCase c{"skewed", epilogue, 512, 384, {0, 1, 700, 0, 128, 129, 3, 0}, 77, kernel};
-    SCOPED_TRACE(c.describe());
-    const GemmProblem p = make_gemm_problem(c);
-    const GemmRun run = run_case(p, TileOrder::kRowMajor);
-    EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
-    check_run(p, run);
+    std::vector<std::vector<uint16_t>> outputs;
+    for (GemmKernel kernel : kKernels) {
+      // Empty experts, one-row experts, a tile-multiple, and one expert holding most rows; M tiles
+      // per expert 0, 1, 6, 0, 1, 2, 1, 0: clusters of two need padding tiles for three experts.
+      const GemmCase c{"skewed", epilogue, 512, 384, {0, 1, 700, 0, 128, 129, 3, 0}, 77, kernel};
+      SCOPED_TRACE(c.describe());
+      const GemmProblem p = make_gemm_problem(c);
+      const GemmRun run = run_case(p, TileOrder::kRowMajor);
+      EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
+      check_run(p, run);
+      outputs.push_back(run.d);
+    }
+    for (size_t i = 1; i < outputs.size(); ++i)
+      EXPECT_EQ(outputs[i], outputs[0]) << gemm_kernel_name(kKernels[i]) << " differs from " << gemm_kernel_name(kKernels[0]);
+  }
+}
+
+// A cluster schedule: each cluster's entries share expert and column block, the real tiles
+// cover every (M tile, column block) exactly once, and padding tiles point at their cluster's
+// first tile. Checked for both orders on skewed experts, for every kernel's cluster size.
+TEST(GroupedGemm, ClusterSchedulePairsTilesOfOneExpert) {
+  COMET_REQUIRE_GPU();
+  const std::vector<int> expert_rows = {0, 1, 700, 0, 128, 129, 3, 0, 2000, 385};
+  const int E = int(expert_rows.size()), nb = 5;
+  const std::vector<int> offsets = expert_row_offsets(expert_rows);
+  const int max_rows = offsets.back(), m_tiles = max_rows / kGemmBlockM;
+  DeviceBuffer<int32_t> rows(std::vector<int32_t>(expert_rows.begin(), expert_rows.end()));
+  for (GemmKernel kernel : kKernels)
+  for (TileOrder order : {TileOrder::kRowMajor, TileOrder::kColumnBlockMajor}) {
+    SCOPED_TRACE(std::string(gemm_kernel_name(kernel)) + (order == TileOrder::kRowMajor ? " row-major" : " column-major"));
+    const int cluster = gemm_cluster_m(kernel);
+    const int64_t capacity = max_gemm_tiles(max_rows, E, nb, kernel);
+    DeviceBuffer<GemmTile> tiles(capacity);
+    DeviceBuffer<int32_t> num_tiles(1);
+    build_gemm_tiles(rows.get(), E, nb, kernel, order, tiles.get(), num_tiles.get(), capacity, nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    const int n = num_tiles.download()[0];
+    const std::vector<GemmTile> list = tiles.download();
+    ASSERT_GT(n, 0);
+    ASSERT_LE(n, capacity);
+    ASSERT_EQ(n % cluster, 0);
+    std::vector<int> seen(size_t(m_tiles) * nb, 0);
+    int padding = 0;
+    for (int t = 0; t < n; ++t) {
+      const GemmTile& tile = list[t];
+      const GemmTile& first = list[t - t % cluster];
+      EXPECT_EQ(tile.expert, first.expert) << "entry " << t;
+      EXPECT_EQ(tile.n_block, first.n_block) << "entry " << t;
+      ASSERT_TRUE(tile.expert >= 0 && tile.expert < E && tile.n_block >= 0 && tile.n_block < nb) << "entry " << t;
+      if (gemm_tile_is_padding(tile)) {
+        ++padding;
+        EXPECT_GT(t % cluster, 0) << "a cluster starts with a padding tile at entry " << t;
+        EXPECT_EQ(gemm_tile_a_row(tile), first.m_row) << "entry " << t;
+        continue;
+      }
+      EXPECT_GE(tile.m_row, offsets[tile.expert]) << "entry " << t;
+      EXPECT_LT(tile.m_row, offsets[tile.expert + 1]) << "entry " << t;
+      EXPECT_EQ(tile.signal, tile.m_row / kGemmBlockM);
+      ++seen[size_t(tile.m_row / kGemmBlockM) * nb + tile.n_block];
+    }
+    for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "M tile " << i / nb << " column block " << i % nb;
+    // Experts with an odd number of M tiles (1, 6, 1, 2, 1, 16, 4 -> three odd) need one padding
+    // tile per column block with clusters of two.
+    EXPECT_EQ(padding, cluster == 2 ? 3 * nb : 0);
   }
 }
 
@@ -382,22 +458,40 @@ TEST(GroupedGemm, CanImplementRefusesBadShapes) {
   EXPECT_FALSE(s.ok);
   a.max_rows = 256;
   EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
+  // Clusters run a fixed pairing of tiles: no claimed tiles, whole clusters of blocks.
+  a.kernel = GemmKernel::kCooperative128x256Cluster2x1;
+  unsigned counter = 0;
+  a.tile_claims = &counter;
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("claimed tiles"), std::string::npos) << s.reason;
+  a.tile_claims = nullptr;
+  a.num_blocks = 7;
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("num_blocks=7"), std::string::npos) << s.reason;
+  a.num_blocks = 8;
+  EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
 }
 
 TEST(GroupedGemm, MissingSignalTimesOutAndNamesIt) {
   COMET_REQUIRE_GPU();
-  const GemmCase c{"missing", GemmEpilogue::kIdentity, 256, 256, {200, 100}, 3};
-  const GemmProblem p = make_gemm_problem(c);
-  const int signals = p.max_rows / kGemmBlockM;
-  SignalSetup s{std::vector<uint64_t>(signals, 7), std::vector<uint64_t>(signals, 7)};
-  s.targets[1] = 8;  // M tile 1 (rows 128..255 of expert 0) never gets its data
-  const GemmRun run = run_case(p, TileOrder::kRowMajor, &s, 50'000'000ull);
-  ASSERT_EQ(run.error.claimed, 1);
-  EXPECT_EQ(run.error.signal, 1);
-  EXPECT_EQ(run.error.expected, 8u);
-  EXPECT_EQ(run.error.observed, 7u);
-  EXPECT_EQ(run.error.role, int(WaitRole::kGemmTileInput));
-  EXPECT_NE(describe(run.error).find("signal 1 >= 8, observed 7"), std::string::npos) << describe(run.error);
+  // With clusters, the late tile's partner (M tile 0) stalls with it: their B arrives together.
+  for (GemmKernel kernel : kKernels) {
+    const GemmCase c{"missing", GemmEpilogue::kIdentity, 256, 256, {200, 100}, 3, kernel};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const int signals = p.max_rows / kGemmBlockM;
+    SignalSetup s{std::vector<uint64_t>(signals, 7), std::vector<uint64_t>(signals, 7)};
+    s.targets[1] = 8;  // M tile 1 (rows 128..255 of expert 0) never gets its data
+    const GemmRun run = run_case(p, TileOrder::kRowMajor, &s, 50'000'000ull);
+    ASSERT_EQ(run.error.claimed, 1);
+    EXPECT_EQ(run.error.signal, 1);
+    EXPECT_EQ(run.error.expected, 8u);
+    EXPECT_EQ(run.error.observed, 7u);
+    EXPECT_EQ(run.error.role, int(WaitRole::kGemmTileInput));
+    EXPECT_NE(describe(run.error).find("signal 1 >= 8, observed 7"), std::string::npos) << describe(run.error);
+  }
 }
 
 // A flag released late by another stream delays only the tiles that wait on it.
@@ -410,90 +504,75 @@ __global__ void release_after(uint64_t* flag, uint64_t delay_ns, uint64_t* relea
 
 TEST(GroupedGemm, LateSignalDelaysOnlyItsTiles) {
   COMET_REQUIRE_GPU();
-  const GemmCase c{"late", GemmEpilogue::kIdentity, 512, 512, {256, 256, 256, 256}, 9,
-                   GemmKernel::kCooperative128x256};
-  const GemmProblem p = make_gemm_problem(c);
-  const int signals = p.max_rows / kGemmBlockM, late = 5;
-  const int E = int(c.rows.size()), nb = gemm_num_n_blocks(c.epilogue, c.n, c.kernel);
-  std::vector<uint64_t> flags(signals, 1), targets(signals, 1);
-  flags[late] = 0;
-  DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
-  DeviceBuffer<int32_t> rows(std::vector<int32_t>(c.rows.begin(), c.rows.end()));
-  const int64_t capacity = max_gemm_tiles(p.max_rows, E, nb);
-  DeviceBuffer<GemmTile> tiles(capacity);
-  DeviceBuffer<int32_t> num_tiles(1);
-  DeviceBuffer<DeviceError> error(1);
-  DeviceBuffer<uint64_t> dflags(flags), dtargets(targets), ends(capacity), released(1);
-  error.zero();
-  ends.zero();
-  build_gemm_tiles(rows.get(), E, nb, TileOrder::kRowMajor, tiles.get(), num_tiles.get(), capacity, nullptr);
-  COMET_CUDA_CHECK(cudaDeviceSynchronize());
-  // Load the releasing kernel's module now: with lazy loading, a first launch while the GEMM
-  // runs would wait for the GEMM, which waits for it.
-  cudaFuncAttributes attributes;
-  COMET_CUDA_CHECK(cudaFuncGetAttributes(&attributes, release_after));
-  cudaStream_t gemm_stream, signal_stream;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&gemm_stream, cudaStreamNonBlocking));
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&signal_stream, cudaStreamNonBlocking));
-  GroupedGemmArgs args = base_args(p, a.get(), b.get(), d.get(), tiles.get(), num_tiles.get());
-  args.wait_flags = dflags.get();
-  args.wait_targets = dtargets.get();
-  args.tile_end_ns = ends.get();
-  args.error = error.get();
-  args.num_blocks = 16;  // leave SMs free for the releasing kernel
-  run_grouped_gemm(args, gemm_stream);
-  release_after<<<1, 1, 0, signal_stream>>>(dflags.get() + late, 20'000'000ull, released.get());
-  COMET_CUDA_CHECK_LAUNCH();
-  COMET_CUDA_CHECK(cudaDeviceSynchronize());
-  const DeviceError err = error.download()[0];
-  EXPECT_EQ(err.claimed, 0) << describe(err);
-  const std::vector<GemmTile> tile_list = tiles.download();
-  const std::vector<uint64_t> end = ends.download();
-  const uint64_t released_at = released.download()[0];
-  const int n_tiles = num_tiles.download()[0];
-  int early = 0, waited = 0;
-  for (int t = 0; t < n_tiles; ++t) {
-    if (tile_list[t].signal == late) {
-      EXPECT_GE(end[t], released_at) << "tile " << t << " finished before its signal";
-      ++waited;
-    } else if (end[t] < released_at) {
-      ++early;
+  for (GemmKernel kernel : kKernels) {
+    const GemmCase c{"late", GemmEpilogue::kIdentity, 512, 512, {256, 256, 256, 256}, 9, kernel};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const int signals = p.max_rows / kGemmBlockM, late = 5;
+    std::vector<uint64_t> flags(signals, 1), targets(signals, 1);
+    flags[late] = 0;
+    DeviceGemm g(p, TileOrder::kRowMajor);
+    const int nb = g.num_n_blocks;
+    DeviceBuffer<uint64_t> dflags(flags), dtargets(targets), ends(g.capacity), released(1);
+    ends.zero();
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    // Load the releasing kernel's module now: with lazy loading, a first launch while the GEMM
+    // runs would wait for the GEMM, which waits for it.
+    cudaFuncAttributes attributes;
+    COMET_CUDA_CHECK(cudaFuncGetAttributes(&attributes, release_after));
+    cudaStream_t gemm_stream, signal_stream;
+    COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&gemm_stream, cudaStreamNonBlocking));
+    COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&signal_stream, cudaStreamNonBlocking));
+    GroupedGemmArgs args = g.args(p);
+    args.wait_flags = dflags.get();
+    args.wait_targets = dtargets.get();
+    args.tile_end_ns = ends.get();
+    args.num_blocks = 16;  // leave SMs free for the releasing kernel
+    run_grouped_gemm(args, gemm_stream);
+    release_after<<<1, 1, 0, signal_stream>>>(dflags.get() + late, 20'000'000ull, released.get());
+    COMET_CUDA_CHECK_LAUNCH();
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    const DeviceError err = g.error.download()[0];
+    EXPECT_EQ(err.claimed, 0) << describe(err);
+    const std::vector<GemmTile> tile_list = g.tiles.download();
+    const std::vector<uint64_t> end = ends.download();
+    const uint64_t released_at = released.download()[0];
+    const int n_tiles = g.num_tiles.download()[0];
+    int early = 0, waited = 0;
+    for (int t = 0; t < n_tiles; ++t) {
+      if (tile_list[t].signal == late) {
+        EXPECT_GE(end[t], released_at) << "tile " << t << " finished before its signal";
+        ++waited;
+      } else if (end[t] < released_at) {
+        ++early;
+      }
     }
+    EXPECT_EQ(waited, nb);
+    // Blocks run their tiles in order, so only tiles queued behind a late tile on the same
+    // block (or cluster) may finish after the release; most others must not wait for it.
+    EXPECT_GE(early, n_tiles / 2) << "independent tiles were held back by the late signal";
+    cudaStreamDestroy(gemm_stream);
+    cudaStreamDestroy(signal_stream);
   }
-  EXPECT_EQ(waited, nb);
-  // Blocks run their tiles in order, so only tiles queued behind a late tile on the same
-  // block may finish after the release; most others must not wait for it.
-  EXPECT_GE(early, n_tiles / 2) << "independent tiles were held back by the late signal";
-  cudaStreamDestroy(gemm_stream);
-  cudaStreamDestroy(signal_stream);
 }
 
 TEST(GroupedGemm, DoneFlagsCountTilesPerColumnBlock) {
   COMET_REQUIRE_GPU();
   for (GemmKernel kernel : kKernels) {
-  const GemmCase c{"done", GemmEpilogue::kIdentity, 256, 768, {300, 0, 129}, 4, kernel};
-  SCOPED_TRACE(c.describe());
-  const GemmProblem p = make_gemm_problem(c);
-  const int E = int(c.rows.size()), nb = gemm_num_n_blocks(c.epilogue, c.n, c.kernel);
-  DeviceBuffer<uint16_t> a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * c.n);
-  DeviceBuffer<int32_t> rows(std::vector<int32_t>(c.rows.begin(), c.rows.end()));
-  const int64_t capacity = max_gemm_tiles(p.max_rows, E, nb);
-  DeviceBuffer<GemmTile> tiles(capacity);
-  DeviceBuffer<int32_t> num_tiles(1);
-  DeviceBuffer<DeviceError> error(1);
-  DeviceBuffer<uint64_t> done(nb);
-  error.zero();
-  done.zero();
-  build_gemm_tiles(rows.get(), E, nb, TileOrder::kColumnBlockMajor, tiles.get(), num_tiles.get(), capacity, nullptr);
-  GroupedGemmArgs args = base_args(p, a.get(), b.get(), d.get(), tiles.get(), num_tiles.get());
-  args.done_flags = done.get();
-  args.error = error.get();
-  for (int call = 1; call <= 3; ++call) {  // epoch counters: never reset between calls
-    run_grouped_gemm(args, nullptr);
-    COMET_CUDA_CHECK(cudaDeviceSynchronize());
-    const int m_tiles = (300 + 127) / 128 + (129 + 127) / 128;
-    for (uint64_t v : done.download()) EXPECT_EQ(v, uint64_t(call) * m_tiles);
-  }
+    const GemmCase c{"done", GemmEpilogue::kIdentity, 256, 768, {300, 0, 129}, 4, kernel};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    DeviceGemm g(p, TileOrder::kColumnBlockMajor);
+    DeviceBuffer<uint64_t> done(g.num_n_blocks);
+    done.zero();
+    GroupedGemmArgs args = g.args(p);
+    args.done_flags = done.get();
+    for (int call = 1; call <= 3; ++call) {  // epoch counters: never reset between calls
+      run_grouped_gemm(args, nullptr);
+      COMET_CUDA_CHECK(cudaDeviceSynchronize());
+      const int m_tiles = (300 + 127) / 128 + (129 + 127) / 128;
+      for (uint64_t v : done.download()) EXPECT_EQ(v, uint64_t(call) * m_tiles);
+    }
   }
 }
 

@@ -1,0 +1,10 @@
+// One kernel configuration per translation unit: swiglu epilogue, ping-pong, 128x128x64 tiles,
+// clusters of two blocks along M sharing B through TMA multicast.
+#include "cuda/sm90_grouped_gemm_launch.cuh"
+
+namespace comet::cuda {
+using Kernel_swiglu_pingpong_cluster2x1 = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 128, 64, 2, true>;
+void launch_grouped_gemm_swiglu_pingpong_cluster2x1(const GroupedGemmArgs& args, cudaStream_t stream) {
+  sm90::launch_grouped_gemm<Kernel_swiglu_pingpong_cluster2x1>(args, stream);
+}
+}  // namespace comet::cuda
