@@ -30,16 +30,16 @@ int gemm_cluster_m(GemmKernel kernel) {
 }
 
 // From `comet bench gemm` on the H200 (docs/results/2026-11-30-gemm-configurations.md), all
-// four configurations timed interleaved on the 30 preset shapes:
-// - GEMM0 + SwiGLU: ping-pong with 2x1 clusters was fastest on 12 of 15 shapes (K = 2048-4096);
-//   at K = 7168 (deepseek-v3) cooperative was 3-4% faster at 2048 and 4096 tokens per rank.
-// - GEMM1: ping-pong was fastest on 13 of 15 (within 3.2% of the best on the other two).
+// four configurations timed interleaved on the 30 preset shapes, clusters pairing column blocks
+// of an odd expert's last M tile:
+// - GEMM0 + SwiGLU: ping-pong with 2x1 clusters was fastest on 14 of 15 shapes (the 15th,
+//   deepseek-v3 at 4096 tokens per rank, 1.5% behind cooperative);
+// - GEMM1: ping-pong was fastest or within 0.6% of the fastest on all 15.
 GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_experts) {
   (void)n;
+  (void)k;
   (void)num_experts;
-  if (epilogue == GemmEpilogue::kSwiGlu)
-    return k >= 6144 ? GemmKernel::kCooperative128x256 : GemmKernel::kPingpong128x128Cluster2x1;
-  return GemmKernel::kPingpong128x128;
+  return epilogue == GemmEpilogue::kSwiGlu ? GemmKernel::kPingpong128x128Cluster2x1 : GemmKernel::kPingpong128x128;
 }
 
 GemmKernel resolve_gemm_kernel(const GroupedGemmArgs& a) {
@@ -105,52 +105,74 @@ std::vector<int> expert_row_offsets(const std::vector<int>& rows) {
 
 int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel) {
   // Segments are padded inside max_rows, so rows bound the real tiles; each expert adds at most
-  // cluster - 1 padding tiles per column block.
+  // cluster - 1 padding tiles per column block (the builder adds at most one per expert).
   const int cluster = gemm_cluster_m(kernel);
   return (int64_t(max_rows / kGemmBlockM) + int64_t(num_experts) * (cluster - 1)) * num_n_blocks;
 }
 
 namespace {
 
+// Index e of the range holding v, for prefix sums psum[0..n] with psum[0] = 0 <= v < psum[n]:
+// the largest e with psum[e] <= v (empty ranges before it are skipped).
+__device__ int find_range(const int32_t* psum, int n, int64_t v) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (psum[mid] <= v) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 // One block: prefix sums over experts (padded to the tile height), then every thread writes
-// tiles. E is at most a few hundred, so the serial scan costs nothing next to a GEMM. The raster
-// walks cluster units (`cluster` consecutive M tiles of one expert); each unit expands into its
-// `cluster` schedule entries, padding tiles where the expert has no more M tiles.
+// tiles. E is at most a few hundred, so the serial scan costs nothing next to a GEMM.
+// With clusters of two (`cluster` = 2) the list has two parts:
+// - each expert's M tiles in pairs, rastered like single tiles: a pair shares its column block,
+//   so its two blocks split the B loads and multicast them;
+// - then, per expert with an odd M tile count, its last M tile's column blocks in pairs (n, n+1):
+//   two tiles with different B, which each block loads for itself; with an odd number of column
+//   blocks the last one is paired with a padding tile.
+// Padding therefore costs at most one tile per odd expert, not one per column block.
 __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, int cluster,
                                    TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity) {
-  extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, then [E + 1] unit offsets
+  extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, [E + 1] M pairs, [E + 1] tail pairs
   int32_t* unit_psum = psum + num_experts + 1;
+  int32_t* tail_psum = unit_psum + num_experts + 1;
+  const int tail_units = cluster == 1 ? 0 : (num_n_blocks + 1) / 2;  // per expert with an odd M tile count
   if (threadIdx.x == 0) {
-    psum[0] = 0;
-    unit_psum[0] = 0;
+    psum[0] = unit_psum[0] = tail_psum[0] = 0;
     for (int e = 0; e < num_experts; ++e) {
       const int m_tiles = (rows_per_expert[e] + kGemmBlockM - 1) / kGemmBlockM;
       psum[e + 1] = psum[e] + m_tiles * kGemmBlockM;
-      unit_psum[e + 1] = unit_psum[e] + (m_tiles + cluster - 1) / cluster;
+      unit_psum[e + 1] = unit_psum[e] + m_tiles / cluster;
+      tail_psum[e + 1] = tail_psum[e] + (m_tiles % cluster != 0 ? tail_units : 0);
     }
-    const int64_t total = int64_t(unit_psum[num_experts]) * cluster * num_n_blocks;
+    const int64_t total = (int64_t(unit_psum[num_experts]) * num_n_blocks + tail_psum[num_experts]) * cluster;
     *num_tiles = int32_t(total <= capacity ? total : 0);
   }
   __syncthreads();
   const int units_m = unit_psum[num_experts];
-  const int64_t units = int64_t(units_m) * num_n_blocks;
+  const int64_t grid_units = int64_t(units_m) * num_n_blocks, units = grid_units + tail_psum[num_experts];
   if (units * cluster > capacity) return;  // *num_tiles = 0: nothing runs; the caller sized it wrong
   // A row-major group keeps kRasterGroupM M tiles whatever the cluster.
   const int group = order == TileOrder::kRowMajor ? (kRasterGroupM + cluster - 1) / cluster : default_raster_group(order);
   for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
-    int mu, n;
-    raster_tile(order, group, u, units_m, num_n_blocks, mu, n);
-    int lo = 0, hi = num_experts - 1;  // expert of unit mu (binary search over unit prefix sums)
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (unit_psum[mid] <= mu) lo = mid; else hi = mid - 1;
-    }
-    const int e = lo;
-    const int first_row = psum[e] + (mu - unit_psum[e]) * cluster * kGemmBlockM;
-    for (int r = 0; r < cluster; ++r) {
-      const int m_row = first_row + r * kGemmBlockM;
-      tiles[u * cluster + r] = m_row < psum[e + 1] ? GemmTile{m_row, n, e, m_row / kGemmBlockM}
-                                                   : GemmTile{~first_row, n, e, first_row / kGemmBlockM};
+    GemmTile* unit = tiles + u * cluster;
+    if (u < grid_units) {
+      int mu, n;
+      raster_tile(order, group, u, units_m, num_n_blocks, mu, n);
+      const int e = find_range(unit_psum, num_experts, mu);
+      const int first_row = psum[e] + (mu - unit_psum[e]) * cluster * kGemmBlockM;
+      for (int r = 0; r < cluster; ++r) {
+        const int m_row = first_row + r * kGemmBlockM;
+        unit[r] = GemmTile{m_row, n, e, m_row / kGemmBlockM};
+      }
+    } else {
+      const int64_t v = u - grid_units;
+      const int e = find_range(tail_psum, num_experts, v);
+      const int m_row = psum[e + 1] - kGemmBlockM, n = 2 * int(v - tail_psum[e]);
+      unit[0] = GemmTile{m_row, n, e, m_row / kGemmBlockM};
+      unit[1] = n + 1 < num_n_blocks ? GemmTile{m_row, n + 1, e, m_row / kGemmBlockM}
+                                     : GemmTile{~m_row, n, e, m_row / kGemmBlockM};
     }
   }
 }
@@ -161,7 +183,8 @@ void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity, CUstream_st* stream) {
   COMET_CHECK(num_experts >= 1 && num_n_blocks >= 1, "build_gemm_tiles: E=" << num_experts << ", n blocks=" << num_n_blocks);
   COMET_CHECK(kernel != GemmKernel::kAuto, "build_gemm_tiles: resolve the kernel first (resolve_gemm_kernel)");
-  const size_t smem = size_t(2 * (num_experts + 1)) * sizeof(int32_t);
+  COMET_CHECK(gemm_cluster_m(kernel) <= 2, "build_gemm_tiles: clusters of 1 or 2 blocks");
+  const size_t smem = size_t(3 * (num_experts + 1)) * sizeof(int32_t);
   build_tiles_kernel<<<1, 512, smem, stream>>>(rows_per_expert, num_experts, num_n_blocks, gemm_cluster_m(kernel),
                                                order, tiles, num_tiles, capacity);
   COMET_CUDA_CHECK_LAUNCH();

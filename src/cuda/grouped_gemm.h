@@ -72,10 +72,10 @@ GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_exper
 
 // One unit of work: rows [m_row, m_row + kGemmBlockM) of A, output column block n_block of
 // expert `expert`; `signal` indexes wait_flags/wait_targets (ignored without them).
-// A padding tile (m_row < 0) exists only in cluster schedules: it completes the cluster of an
-// expert whose M tiles are not a multiple of the cluster. Its block loads A rows ~m_row (those
-// of the cluster's first tile, so the load hits L2), takes its share of the B multicast,
-// computes, and stores nothing: no output, no wait, no done signal, no trace record.
+// A padding tile (m_row < 0) exists only in cluster schedules: it completes the last pair of an
+// expert with an odd M tile count and an odd number of column blocks (build_gemm_tiles). Its
+// block loads A rows ~m_row (its partner's, so the load hits L2), takes its share of the B
+// multicast, computes, and stores nothing: no output, no wait, no done signal, no trace record.
 struct alignas(16) GemmTile {
   int32_t m_row;
   int32_t n_block;
@@ -150,9 +150,11 @@ std::vector<int> expert_row_offsets(const std::vector<int>& rows_per_expert);
 int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel);
 
 // Device-side schedule for `kernel`: from rows_per_expert[E] (device), writes tiles and
-// *num_tiles. With clusters of m blocks, each expert's M tiles are grouped m at a time (the
-// last group completed with padding tiles), and the raster walks groups: entries [c m, c m + m)
-// share expert and column block. `capacity` bounds the tiles written (*num_tiles = 0 past it).
+// *num_tiles. With clusters of two, entries 2u and 2u + 1 run together: first every expert's M
+// tiles in pairs of one column block (rastered as single tiles are), then, for each expert with
+// an odd M tile count, its last M tile's column blocks in pairs (n, n + 1), the last completed
+// by a padding tile when the column blocks are odd in number. `capacity` bounds the tiles
+// written (*num_tiles = 0 past it).
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
                       CUstream_st* stream);

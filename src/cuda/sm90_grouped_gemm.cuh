@@ -8,10 +8,11 @@
 //                         its index to the consumers through a two-slot queue in shared memory;
 //                         for each tile, optionally acquire-wait on the
 //                         tile's signal, then TMA-load the A and B k-tiles into a ring of
-//                         shared-memory stages (CUTLASS's PipelineTmaAsync); in a cluster, each
-//                         block loads 1/kClusterM of the B k-tile and multicasts it to all, so a
-//                         stage is full when every block's share arrived and free when every
-//                         block's consumers released it (the pipeline counts both)
+//                         shared-memory stages (CUTLASS's PipelineTmaAsync); in a cluster whose
+//                         tiles share B, each block loads 1/kClusterM of the B k-tile and
+//                         multicasts it to all, so a stage is full when every block's share
+//                         arrived and free when every block's consumers released it (the
+//                         pipeline counts both; tiles that do not share B load it whole)
 //   warpgroups 1 and 2    consumers, cooperative: both run wgmma on every tile (64 rows each of
 //                         the 128-row tile) through CUTLASS's sm90 TMA/GMMA mainloop collective,
 //                         then the epilogue: registers -> padded shared memory -> coalesced
@@ -287,13 +288,17 @@ struct GroupedGemmKernel {
     Tensor sA = make_tensor(make_smem_ptr(shared.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
     // In a cluster, block r of the cluster loads slice r of each B k-tile and multicasts it to
-    // every block of the cluster (mask: all of them); A is this block's own.
+    // every block of the cluster (mask: all of them) when the cluster's tiles share their column
+    // block; when they do not (an odd expert's last M tile, build_gemm_tiles), each block loads
+    // both slices for itself (mask: itself). A is always this block's own.
     const int cluster_rank = gemm_block % kClusterM;
-    const uint16_t multicast_b = uint16_t((1u << kClusterM) - 1);
+    const uint16_t multicast_b = uint16_t((1u << kClusterM) - 1), own_b = uint16_t(1u << cluster_rank);
     auto tma_a = p.mainloop.tma_load_a.get_slice(0);
     auto tma_b = p.mainloop.tma_load_b.get_slice(cluster_rank);
+    auto tma_b_other = p.mainloop.tma_load_b.get_slice(kClusterM > 1 ? 1 - cluster_rank : 0);
     Tensor tAsA = tma_a.partition_D(sA);
     Tensor tBsB = tma_b.partition_D(sB);
+    Tensor tBsB_other = tma_b_other.partition_D(sB);
     PipelineState write_state = cutlass::make_producer_start_state<Pipeline>();
     const bool leader = cute::elect_one_sync();
     const int lane = int(threadIdx.x) % 32;
@@ -335,14 +340,19 @@ struct GroupedGemmKernel {
       __syncwarp();
       Tensor tAgA = tma_a.partition_S(gA(_, _, gemm_tile_a_row(tile) / kTileM, _, 0));  // (TMA,TMA_M,TMA_K,k)
       Tensor tBgB = tma_b.partition_S(gB(_, _, tile.n_block, _, tile.expert));  // (TMA,TMA_N,TMA_K,k)
+      Tensor tBgB_other = tma_b_other.partition_S(gB(_, _, tile.n_block, _, tile.expert));
+      // Entries 2u and 2u + 1 are a cluster's pair: t ^ 1 is the partner's entry.
+      const bool share_b = kClusterM == 1 || p.tiles[t ^ 1].n_block == tile.n_block;
+      const uint16_t mask_b = kClusterM == 1 ? uint16_t(0) : share_b ? multicast_b : own_b;
       if (leader) {
         for (int k = 0; k < p.k_tiles; ++k) {
           pipeline.producer_acquire(write_state);
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();
           copy(p.mainloop.tma_load_a.with(*barrier, 0), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-          copy(p.mainloop.tma_load_b.with(*barrier, kClusterM > 1 ? multicast_b : uint16_t(0)), tBgB(_, _, _, k),
-               tBsB(_, _, _, stage));
+          copy(p.mainloop.tma_load_b.with(*barrier, mask_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+          if (!share_b)  // the other slice too: the stage expects the whole B k-tile
+            copy(p.mainloop.tma_load_b.with(*barrier, own_b), tBgB_other(_, _, _, k), tBsB_other(_, _, _, stage));
           ++write_state;
         }
       }
