@@ -106,8 +106,13 @@ struct MTile {
   int rows() const { return row_end - row_begin; }
 };
 
-// Layer0 run order: the W ring positions fall into `stages` consecutive stages (stage of
-// position p = p * stages / W); tiles run stage by stage, by the stage of their last ring
+// Stage of ring position `pos` when `world` positions fall into `stages` consecutive stages. One
+// definition for the host schedule and the device plan kernel (constexpr: callable from CUDA
+// code built with --expt-relaxed-constexpr).
+constexpr int layer0_stage(int pos, int stages, int world) { return pos * stages / world; }
+
+// Layer0 run order: the W ring positions fall into `stages` consecutive stages
+// (layer0_stage); tiles run stage by stage, by the stage of their last ring
 // position; expert-major inside even stages, reversed inside odd ones. W stages: every source
 // its own stage (a tile runs as soon as its last source can have arrived); 1 stage: plain
 // expert-major (each expert's weights read once: the order for data already in place).
@@ -118,7 +123,7 @@ struct Layer0Schedule {
   int stages = 1;             // in [1, world]
   std::vector<MTile> m_tiles; // expert-major; signal id = index here
   std::vector<int> order;     // m-tile ids in run order
-  int stage_of(int m_tile) const { return m_tiles[m_tile].last_source_pos * stages / world; }
+  int stage_of(int m_tile) const { return layer0_stage(m_tiles[m_tile].last_source_pos, stages, world); }
   // Signal model: a tile's counter must rise by rows_expected(id) in one call.
   int rows_expected(int m_tile) const { return m_tiles[m_tile].rows(); }
 };

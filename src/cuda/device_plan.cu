@@ -22,6 +22,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "comet/plan.h"
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
 #include "cuda/device_plan.h"
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   // reversed. key_next[k] is where the next tile of stage k goes (inside a chunk of tiles,
   // warps in order, lanes in order); key_end[k] is one past the stage's last position.
   const int stages = a.layer0_stages > 0 ? min(a.layer0_stages, W) : W;
-  auto stage_of = [&](int last_pos) { return last_pos * stages / W; };  // Layer0Schedule::stage_of
+  auto stage_of = [&](int last_pos) { return layer0_stage(last_pos, stages, W); };
   auto expert_of = [&](int m) {  // largest e with tile_psum[e] <= m
     int lo = 0, hi = E - 1;
     while (lo < hi) {

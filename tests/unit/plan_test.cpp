@@ -267,8 +267,9 @@ void check_schedules(const PlanCase& c, const LayerConfig& cfg, const DispatchPl
           else EXPECT_GT(prev, m) << "odd stage not descending at " << i;
         }
       }
-      if (stages == 1)
+      if (stages == 1) {
         for (size_t i = 0; i < s.order.size(); ++i) EXPECT_EQ(s.order[i], int(i)) << "one stage: expert-major";
+      }
     }
 
     // Layer0 producers: walk the pull chunks, land rows per tile.
