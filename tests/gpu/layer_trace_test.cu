@@ -24,6 +24,7 @@
 #include "gpu_test_util.h"
 #include "io/trace_writers.h"
 #include "layer_cases.h"
+#include "layer_rig.h"
 
 namespace comet {
 namespace {
@@ -38,30 +39,7 @@ std::string event_summary(const TraceEvent& e) {
          std::to_string(e.begin_ns) + ", " + std::to_string(e.end_ns) + "] ns";
 }
 
-// A layer of `lc` on its Loopback fabric, with the case's weights and inputs on the device.
-struct Rig {
-  LayerConfig config;
-  MoeProblem problem;
-  std::unique_ptr<fabric::Fabric> fabric;
-  std::unique_ptr<MoeLayer> layer;
-  std::unique_ptr<cuda::DeviceProblem> device;
-  explicit Rig(const LayerCase& lc)
-      : config(lc.config()),
-        problem(make_problem(config, lc.tokens, lc.spec, lc.seed)),
-        fabric(fabric::make_loopback_fabric(config.layout.world)),
-        layer(std::make_unique<MoeLayer>(config, *fabric)) {
-    layer->set_weights(problem.weights);
-    device = std::make_unique<cuda::DeviceProblem>(config, problem);
-  }
-  // A forward with `options` into poisoned outputs; returns them.
-  std::vector<std::vector<float>> forward(const LayerOptions& options, cudaStream_t stream) {
-    layer->set_options(options);
-    device->poison_y();
-    layer->forward(device->tensors(), stream);
-    layer->check(stream);
-    return device->download_y();
-  }
-};
+using Rig = testing::LayerRig;
 
 struct TracedRun {
   Trace trace;
@@ -72,13 +50,13 @@ TracedRun traced_forward(Rig& rig, cudaStream_t stream) {
   cudaEvent_t around[2];
   for (cudaEvent_t& e : around) COMET_CUDA_CHECK(cudaEventCreate(&e));
   COMET_CUDA_CHECK(cudaEventRecord(around[0], stream));
-  rig.layer->forward(rig.device->tensors(), stream);
+  rig.layer.forward(rig.device.tensors(), stream);
   COMET_CUDA_CHECK(cudaEventRecord(around[1], stream));
-  rig.layer->check(stream);
+  rig.layer.check(stream);
   float ms = 0;
   COMET_CUDA_CHECK(cudaEventElapsedTime(&ms, around[0], around[1]));
   for (cudaEvent_t e : around) cudaEventDestroy(e);
-  return {rig.layer->read_trace(stream), ms * 1e6};
+  return {rig.layer.read_trace(stream), ms * 1e6};
 }
 
 // The checks of one traced forward against the host plan of the same routing.
@@ -202,15 +180,15 @@ TEST_P(LayerTraceTest, EveryTileOnceCommOnCommBlocksBitwiseEqualToUntraced) {
     o.n_comm0 = n0;
     o.n_comm1 = n1;
     const auto untraced = rig.forward(o, stream);
-    EXPECT_THROW(rig.layer->read_trace(stream), Error);  // the last forward was not traced
+    EXPECT_THROW(rig.layer.read_trace(stream), Error);  // the last forward was not traced
     o.trace = true;
-    rig.layer->set_options(o);
+    rig.layer.set_options(o);
     for (int call = 0; call < 2; ++call) {  // buffers are reset between traced calls
       SCOPED_TRACE("traced call " + std::to_string(call));
-      rig.device->poison_y();
+      rig.device.poison_y();
       const TracedRun run = traced_forward(rig, stream);
-      EXPECT_EQ(rig.device->download_y(), untraced) << "tracing changed the output";
-      check_trace(run, *rig.layer, rig.problem);
+      EXPECT_EQ(rig.device.download_y(), untraced) << "tracing changed the output";
+      check_trace(run, rig.layer, rig.problem);
     }
   }
   cudaStreamDestroy(stream);
@@ -236,7 +214,7 @@ TEST(LayerTrace, ASmallBufferDropsAndCountsCommunicationRecords) {
   o.trace = true;
   o.trace_chunk_capacity = 3;
   EXPECT_EQ(rig.forward(o, nullptr), untraced);
-  const Trace t = rig.layer->read_trace(nullptr);
+  const Trace t = rig.layer.read_trace(nullptr);
   EXPECT_GT(t.dropped_events, 0);
   std::map<std::pair<int, int>, int> comm_records, tiles;
   for (const TraceEvent& e : t.events) {

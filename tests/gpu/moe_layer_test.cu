@@ -14,12 +14,14 @@
 #include "gpu_test_util.h"
 #include "layer_cases.h"
 #include "layer_checks.h"
+#include "layer_rig.h"
 #include "ref/oracle.h"
 
 namespace comet {
 namespace {
 
 using test::LayerCase;
+using testing::LayerRig;
 using test::layer_cases;
 
 class MoeLayerTest : public ::testing::TestWithParam<LayerCase> {};
@@ -28,21 +30,10 @@ TEST_P(MoeLayerTest, MatchesTheOracleAndRepeatsBitwise) {
   COMET_REQUIRE_GPU();
   const LayerCase& lc = GetParam();
   SCOPED_TRACE(lc.describe());
-  const LayerConfig c = lc.config();
-  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
-  const auto want = ref::oracle_forward(p);
-  auto fabric = fabric::make_loopback_fabric(c.layout.world);
-  MoeLayer layer(c, *fabric);
-  layer.set_weights(p.weights);
-  cuda::DeviceProblem d(c, p);
-  layer.forward(d.tensors(), nullptr);
-  layer.check(nullptr);
-  const auto got = d.download_y();
-  EXPECT_TRUE(testing::near_oracle(got, want));
-  d.poison_y();
-  layer.forward(d.tensors(), nullptr);
-  layer.check(nullptr);
-  EXPECT_EQ(d.download_y(), got) << "a second call differs";
+  LayerRig rig(lc);
+  const auto got = rig.forward(LayerOptions{});
+  EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(rig.problem)));
+  EXPECT_EQ(rig.forward(LayerOptions{}), got) << "a second call differs";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MoeLayerTest, ::testing::ValuesIn(layer_cases()),
@@ -73,18 +64,15 @@ TEST(MoeLayer, NewRoutingAndTokenCountsWithoutReallocation) {
 TEST(MoeLayer, GraphReplayWithNewRoutingAndTokenCounts) {
   COMET_REQUIRE_GPU();
   const LayerCase lc{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 5};
-  const LayerConfig c = lc.config();
-  const MoeProblem first = make_problem(c, lc.tokens, lc.spec, lc.seed);
-  auto fabric = fabric::make_loopback_fabric(4);
-  MoeLayer layer(c, *fabric);
-  layer.set_weights(first.weights);
-  cuda::DeviceProblem d(c, first);
-  testing::CapturedForward graph(layer, d.tensors());
+  LayerRig rig(lc);
+  const LayerConfig& c = rig.config;
+  cuda::DeviceProblem& d = rig.device;
+  testing::CapturedForward graph(rig.layer, d.tensors());
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     const std::vector<int> tokens = replay == 1 ? std::vector<int>{0, 128, 5, 64} : std::vector<int>{77, 3, 128, 128};
     MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + 10 + replay);
-    p.weights = first.weights;
+    p.weights = rig.problem.weights;
     d.assign_inputs(cuda::DeviceProblem(c, p));  // new inputs, copied into the captured buffers
     d.poison_y();  // every row checked below must come from this replay
     graph.replay();
@@ -94,13 +82,11 @@ TEST(MoeLayer, GraphReplayWithNewRoutingAndTokenCounts) {
 
 TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   COMET_REQUIRE_GPU();
-  LayerCase lc{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7};
-  const LayerConfig c = lc.config();
-  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
-  auto fabric = fabric::make_loopback_fabric(2);
-  MoeLayer layer(c, *fabric);
-  layer.set_weights(p.weights);
-  cuda::DeviceProblem d(c, p);
+  LayerRig rig(LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7});
+  const LayerConfig& c = rig.config;
+  const MoeProblem& p = rig.problem;
+  MoeLayer& layer = rig.layer;
+  cuda::DeviceProblem& d = rig.device;
   d.set_token_count(1, 65);  // more than T_max
   d.poison_y();              // all T_max rows of rank 1 now (its count exceeds T_max)
   layer.forward(d.tensors(), nullptr);
@@ -194,19 +180,12 @@ TEST(FusedLayer, ManyTilesPerBlockBitwiseEqualToUnfused) {
   COMET_REQUIRE_GPU();
   const LayerCase lc{"deepseek-v3", 16, 4, 1, 1024, {1024, 700, 0, 1024}, {RoutingKind::kZipf, 1.1, 0.05}, 21};
   SCOPED_TRACE(lc.describe());
-  const LayerConfig c = lc.config();
-  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
-  auto fabric = fabric::make_loopback_fabric(4);
-  MoeLayer layer(c, *fabric);
-  layer.set_weights(p.weights);
-  cuda::DeviceProblem d(c, p);
+  LayerRig rig(lc);
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  layer.forward(d.tensors(), stream);
-  layer.check(stream);
-  const auto unfused = d.download_y();
-  EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(p)).within(ref::tolerance_for(DType::kBF16)));
-  expect_fused_equals_unfused(layer, d, unfused, {{1, 1}, {64, 64}}, 2, stream);
+  const auto unfused = rig.forward(LayerOptions{}, stream);
+  EXPECT_TRUE(testing::near_oracle(unfused, ref::oracle_forward(rig.problem)));
+  expect_fused_equals_unfused(rig.layer, rig.device, unfused, {{1, 1}, {64, 64}}, 2, stream);
   cudaStreamDestroy(stream);
 }
 
@@ -238,17 +217,11 @@ TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
   COMET_REQUIRE_GPU();
   for (const LinkEmulation link : {LinkEmulation{}, LinkEmulation{20, 5}}) {
     SCOPED_TRACE(link.describe());
-    const LayerCase lc{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11};
-    const LayerConfig c = lc.config();
-    const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
-    auto fabric = fabric::make_loopback_fabric(4);
-    MoeLayer layer(c, *fabric);
-    layer.set_weights(p.weights);
-    cuda::DeviceProblem d(c, p);
+    LayerRig rig(LayerCase{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11});
     LayerOptions o;
     o.fused = true;
     o.link = link;
-    testing::expect_withheld_rank_times_out_then_recovers(layer, d, p, o, 2);
+    testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, 2);
   }
 }
 
@@ -256,19 +229,12 @@ TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
 // counter or buffer behind that changes the next forward, fused or not.
 TEST(MoeLayer, BenchmarkPartsLeaveTheNextForwardUnchanged) {
   COMET_REQUIRE_GPU();
-  const LayerCase lc{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 9};
-  const LayerConfig c = lc.config();
-  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
-  auto fabric = fabric::make_loopback_fabric(4);
-  MoeLayer layer(c, *fabric);
-  layer.set_weights(p.weights);
+  LayerRig rig(LayerCase{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 9});
+  MoeLayer& layer = rig.layer;
+  cuda::DeviceProblem& d = rig.device;
   LayerOptions o;
   o.fused = true;
-  layer.set_options(o);
-  cuda::DeviceProblem d(c, p);
-  layer.forward(d.tensors(), nullptr);
-  layer.check(nullptr);
-  const auto want = d.download_y();
+  const auto want = rig.forward(o);
   for (MoeLayer::Part part : {MoeLayer::Part::kGemms, MoeLayer::Part::kCommunication, MoeLayer::Part::kPlan,
                               MoeLayer::Part::kFusedGemms}) {
     SCOPED_TRACE("part " + std::to_string(int(part)));
