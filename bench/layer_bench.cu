@@ -267,6 +267,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     // The unfused output once per workload: every fused variant must equal it bitwise.
     LayerOptions unfused;
     unfused.link = o.link;
+    unfused.unfused_gemms = o.unfused_gemms;
     layer.set_options(unfused);
     layer.forward(in->tensors, stream);
     layer.check(stream);
@@ -288,6 +289,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           LayerOptions fused;
           fused.link = o.link;
           fused.fused = true;
+          fused.unfused_gemms = o.unfused_gemms;  // compute-only runs the unfused GEMMs under either
           fused.n_comm0 = n0;
           fused.n_comm1 = n1;
           fused.layer0_group_m = group;

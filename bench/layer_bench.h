@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "comet/layer.h"
 #include "comet/link_emulation.h"
 #include "comet/routing.h"
 #include "comet/tuning.h"
@@ -40,6 +41,7 @@ struct LayerBenchOptions {
   double warmup_ms = 300;
   uint64_t seed = 1;
   bool baselines = true;
+  UnfusedGemms unfused_gemms = UnfusedGemms::kFusedSchedule;  // the unfused forward's and compute-only's GEMMs
   std::vector<int> chunks{2, 4};               // chunk counts tried for the chunked baseline
   // loopback: W virtual ranks on one GPU; local: one GPU per rank in this process; nccl: this
   // process's rank of a `comet launch` run (fabric::make_fabric). With several processes each

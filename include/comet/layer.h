@@ -43,15 +43,25 @@ namespace fabric {
 class Fabric;
 }
 
+// Which grouped GEMMs the unfused pipeline (and compute-only, MoeLayer::Part::kGemms) runs:
+// - kFusedSchedule: the fused kernels' configuration (cooperative 128 x 256) on the plan's tile
+//   order, tiles claimed from a counter: what every layer measurement so far ran;
+// - kAuto: the configuration kAuto chooses per layer (docs/gemm.md) on a static schedule built
+//   from the plan's expert rows. Faster in `comet bench gemm`; not yet compared with
+//   kFusedSchedule inside one layer run, so not the default.
+// Both give the same output bit for bit.
+enum class UnfusedGemms { kFusedSchedule, kAuto };
+
 // How forward() runs. The fused Comet kernels are opt-in until verified on GPUs (docs/gpu_layer.md).
 struct LayerOptions {
   bool fused = false;  // false: the unfused pipeline (one kernel per step)
+  UnfusedGemms unfused_gemms = UnfusedGemms::kFusedSchedule;
   // Communication blocks of each fused kernel; 0 chooses: the nearest tuning-table entry
   // (set_tuning_table, comet/tuning.h) or else the analytic cost model; n_comm_source() says which.
   int n_comm0 = 0;
   int n_comm1 = 0;
-  // Height in M tiles of the layer0 GEMM's raster groups (L2 reuse of B against how many rows
-  // the first wave needs); 0 chooses (docs/gpu_layer.md).
+  // Height in M tiles of the fused layer0 GEMM's raster groups (L2 reuse of B against how many
+  // rows the first wave needs); 0 chooses (docs/gpu_layer.md).
   int layer0_group_m = 0;
   // Stages of the fused layer0's tile order (Layer0Schedule, comet/plan.h): with W stages a
   // tile runs as soon as its last source can have arrived; fewer stages read each expert's
@@ -105,8 +115,8 @@ class MoeLayer {
   // on the device: full-size presets have more weights than fit in host fp32.
   void set_random_weights(uint64_t seed);
   // Benchmarks only: one part of the unfused pipeline on every rank, on the plans and buffers of
-  // the last forward() (call it once first). kGemms: the two grouped GEMMs (the compute-only
-  // time); kCommunication: the dispatch and combine copy kernels (the communication-only time);
+  // the last forward() (call it once first). kGemms: the two grouped GEMMs as the unfused
+  // pipeline runs them (the compute-only time; LayerOptions::unfused_gemms); kCommunication: the dispatch and combine copy kernels (the communication-only time);
   // kPlan: every rank's device plan kernel (the metadata cost of a forward); kFusedGemms: the
   // two fused kernels with their communication blocks idle and no waits or signals (data in
   // place): the grouped GEMMs on the SMs the fused kernels leave them, so that fused minus this

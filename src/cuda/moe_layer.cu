@@ -103,6 +103,11 @@ struct MoeLayer::Impl {
     const int32_t** count_table = nullptr;  // [W] peers' token_count regions
     const int32_t** id_table = nullptr;
     const float** weight_table = nullptr;
+    // The unfused pipeline's GEMM schedules (one allocation): layer0's tiles, layer1's tiles,
+    // then their two counts, built each forward from the plan's expert rows for the kernel
+    // configuration kAuto chose (unfused_kernel), which need not be the fused kernels' one.
+    cuda::GemmTile* unfused_tiles[2] = {nullptr, nullptr};
+    int32_t* unfused_num_tiles = nullptr;
     // Epoch bookkeeping of the fused kernels, one allocation: tile base/target [MT] each,
     // column base/target [NB1] each (cuda/device_plan.h), the combine work counter, then the
     // link pacers of dispatch and combine (cuda/link_pace.h), then the rank barrier's generation
@@ -199,8 +204,8 @@ struct MoeLayer::Impl {
     return static_cast<char*>(fabric.base(k.rank)) + layout.region(name).offset_bytes;
   }
 
-  // GEMM arguments of a rank for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1). Fused or not, the GEMMs
-  // claim tiles from the layer's counter (so compute-only measures the fused kernels' scheduling).
+  // GEMM arguments of a rank for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1) as the fused kernels run
+  // them: the cooperative configuration, the plan's tiles, claimed from the layer's counter.
   cuda::GroupedGemmArgs gemm_args(const Rank& k, int layer) const {
     const LayerConfig& c = config;
     cuda::GroupedGemmArgs g;
@@ -297,9 +302,43 @@ struct MoeLayer::Impl {
     dispatch_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 0, Signals::kOff));
     COMET_CUDA_CHECK_LAUNCH();
   }
+  // The unfused pipeline's GEMMs (also run_part(kGemms), compute-only), LayerOptions::unfused_gemms:
+  // the fused kernels' configuration and claimed tiles of the plan, or the configuration kAuto
+  // chooses per layer (docs/gemm.md) on static tiles of a schedule built on the stream from the
+  // plan's expert rows (the same row segments, so the same outputs bit for bit).
+  cuda::GemmKernel unfused_kernel[2] = {cuda::GemmKernel::kAuto, cuda::GemmKernel::kAuto};
+  int unfused_n_blocks[2] = {0, 0};
+  int64_t unfused_capacity[2] = {0, 0};
+  void resolve_unfused_gemms() {
+    for (int layer = 0; layer < 2; ++layer) {
+      cuda::GroupedGemmArgs g;
+      g.epilogue = layer == 0 ? cuda::GemmEpilogue::kSwiGlu : cuda::GemmEpilogue::kIdentity;
+      g.num_experts = config.experts_per_rank();
+      g.n = layer == 0 ? config.ffn_per_rank() : config.model.hidden;
+      g.k = layer == 0 ? config.model.hidden : config.ffn_per_rank();
+      unfused_kernel[layer] = cuda::resolve_gemm_kernel(g);
+      unfused_n_blocks[layer] = cuda::gemm_num_n_blocks(g.epilogue, g.n, unfused_kernel[layer]);
+      unfused_capacity[layer] = cuda::max_gemm_tiles(int(config.max_rows_per_rank()), g.num_experts,
+                                                     unfused_n_blocks[layer], unfused_kernel[layer]);
+    }
+  }
   void gemms(const Rank& k, cudaStream_t s) const {
-    cuda::run_grouped_gemm(gemm_args(k, 0), s);
-    cuda::run_grouped_gemm(gemm_args(k, 1), s);
+    if (options.unfused_gemms == UnfusedGemms::kFusedSchedule) {
+      cuda::run_grouped_gemm(gemm_args(k, 0), s);
+      cuda::run_grouped_gemm(gemm_args(k, 1), s);
+      return;
+    }
+    for (int layer = 0; layer < 2; ++layer) {
+      cuda::GroupedGemmArgs g = gemm_args(k, layer);
+      g.kernel = unfused_kernel[layer];
+      g.tiles = k.unfused_tiles[layer];
+      g.num_tiles = k.unfused_num_tiles + layer;
+      g.tile_claims = nullptr;
+      cuda::build_gemm_tiles(k.plan.expert_rows, g.num_experts, unfused_n_blocks[layer], g.kernel,
+                             layer == 0 ? cuda::TileOrder::kRowMajor : cuda::TileOrder::kColumnBlockMajor,
+                             k.unfused_tiles[layer], k.unfused_num_tiles + layer, unfused_capacity[layer], s);
+      cuda::run_grouped_gemm(g, s);
+    }
   }
   void combine(const Rank& k, cudaStream_t s) const {
     combine_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 1, Signals::kOff));
@@ -510,7 +549,7 @@ struct MoeLayer::Impl {
       cudaSetDevice(r.device);
       for (void* p : {r.plan_buffer, r.w0, r.w1, static_cast<void*>(r.error), static_cast<void*>(r.count_table),
                       static_cast<void*>(r.id_table), static_cast<void*>(r.weight_table),
-                      static_cast<void*>(r.epochs)})
+                      static_cast<void*>(r.epochs), static_cast<void*>(r.unfused_tiles[0])})
         if (p) cudaFree(p);
       if (r.stream) cudaStreamDestroy(r.stream);
       if (r.done) cudaEventDestroy(r.done);
@@ -548,6 +587,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
               "MoeLayer: the fabric has " << fabric.world() << " ranks, the layout " << config.layout.world);
   impl_ = std::make_unique<Impl>(config, fabric);
   Impl& m = *impl_;
+  m.resolve_unfused_gemms();
   const int W = m.config.layout.world, first = fabric.first_local_rank(), local = fabric.num_local_ranks();
   std::map<int, int> rank_on_device;
   for (int r = first; r < first + local; ++r) {
@@ -588,6 +628,14 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     COMET_CUDA_CHECK(cudaMemcpy(k.weight_table, weights.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
     COMET_CUDA_CHECK(cudaMalloc(&k.epochs, m.epoch_words() * sizeof(uint64_t)));
     COMET_CUDA_CHECK(cudaMemset(k.epochs, 0, m.epoch_words() * sizeof(uint64_t)));
+    {
+      const int64_t tiles = m.unfused_capacity[0] + m.unfused_capacity[1];
+      void* p = nullptr;
+      COMET_CUDA_CHECK(cudaMalloc(&p, tiles * sizeof(cuda::GemmTile) + 2 * sizeof(int32_t)));
+      k.unfused_tiles[0] = static_cast<cuda::GemmTile*>(p);
+      k.unfused_tiles[1] = k.unfused_tiles[0] + m.unfused_capacity[0];
+      k.unfused_num_tiles = reinterpret_cast<int32_t*>(k.unfused_tiles[1] + m.unfused_capacity[1]);
+    }
     if (m.per_rank_streams) {
       COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
       COMET_CUDA_CHECK(cudaEventCreateWithFlags(&k.done, cudaEventDisableTiming));

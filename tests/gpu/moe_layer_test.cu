@@ -34,6 +34,9 @@ TEST_P(MoeLayerTest, MatchesTheOracleAndRepeatsBitwise) {
   const auto got = rig.forward(LayerOptions{});
   EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(rig.problem)));
   EXPECT_EQ(rig.forward(LayerOptions{}), got) << "a second call differs";
+  LayerOptions auto_gemms;  // kAuto's GEMM configurations on their own schedule: same output
+  auto_gemms.unfused_gemms = UnfusedGemms::kAuto;
+  EXPECT_EQ(rig.forward(auto_gemms), got) << "the kAuto unfused GEMMs differ from the fused kernels' ones";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MoeLayerTest, ::testing::ValuesIn(layer_cases()),
