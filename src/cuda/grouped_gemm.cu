@@ -84,8 +84,11 @@ Status can_implement(const GroupedGemmArgs& a) {
   if ((a.wait_flags == nullptr) != (a.wait_targets == nullptr))
     return Status::failure("grouped GEMM: wait_flags and wait_targets must be given together");
   const GemmKernel kernel = resolve_gemm_kernel(a);
-  if (a.tile_claims != nullptr && gemm_cluster_m(kernel) > 1) {
-    os << "grouped GEMM: claimed tiles (tile_claims) need a kernel without clusters, not " << gemm_kernel_name(kernel);
+  // Clusters would need one claim per pair; ping-pong could claim, but only the cooperative
+  // configuration (the fused kernels') is tested with claims.
+  if (a.tile_claims != nullptr && kernel != GemmKernel::kCooperative128x256) {
+    os << "grouped GEMM: claimed tiles (tile_claims) need " << gemm_kernel_name(GemmKernel::kCooperative128x256)
+       << ", not " << gemm_kernel_name(kernel);
     return Status::failure(os.str());
   }
   if (a.num_blocks != 0 && a.num_blocks % gemm_cluster_m(kernel) != 0) {

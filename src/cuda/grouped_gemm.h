@@ -51,9 +51,9 @@ enum class GemmEpilogue : int32_t { kIdentity, kSwiGlu };
 //   the tensor cores, so one's epilogue hides under the other's mainloop.
 // - ...Cluster2x1: the same blocks in clusters of two that run two M tiles of one column block
 //   together, each block loading half of the B tile and multicasting it to both (half the
-//   L2 -> SM traffic of B); the schedule pairs the tiles (build_gemm_tiles) and claimed tiles
-//   are refused.
-// kAuto resolves per shape (choose_gemm_kernel).
+//   L2 -> SM traffic of B); the schedule pairs the tiles (build_gemm_tiles).
+// Claimed tiles (tile_claims) need Cooperative128x256, the fused kernels' configuration and the
+// only one tested with them. kAuto resolves per shape (choose_gemm_kernel).
 enum class GemmKernel : int32_t {
   kAuto,
   kCooperative128x256,

@@ -468,13 +468,20 @@ TEST(GroupedGemm, CanImplementRefusesBadShapes) {
   EXPECT_FALSE(s.ok);
   a.max_rows = 256;
   EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
-  // Clusters run a fixed pairing of tiles: no claimed tiles, whole clusters of blocks.
-  a.kernel = GemmKernel::kCooperative128x256Cluster2x1;
+  // Claimed tiles with the cooperative configuration only (clusters run a fixed pairing of
+  // tiles); whole clusters of blocks.
   unsigned counter = 0;
   a.tile_claims = &counter;
-  s = can_implement(a);
-  EXPECT_FALSE(s.ok);
-  EXPECT_NE(s.reason.find("claimed tiles"), std::string::npos) << s.reason;
+  a.kernel = GemmKernel::kCooperative128x256;
+  EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
+  for (GemmKernel kernel : {GemmKernel::kCooperative128x256Cluster2x1, GemmKernel::kPingpong128x128,
+                            GemmKernel::kPingpong128x128Cluster2x1}) {
+    a.kernel = kernel;
+    s = can_implement(a);
+    EXPECT_FALSE(s.ok) << gemm_kernel_name(kernel);
+    EXPECT_NE(s.reason.find("claimed tiles"), std::string::npos) << s.reason;
+  }
+  a.kernel = GemmKernel::kCooperative128x256Cluster2x1;
   a.tile_claims = nullptr;
   a.num_blocks = 7;
   s = can_implement(a);
