@@ -16,6 +16,7 @@ const char* wait_role_name(WaitRole role) {
     case WaitRole::kBadExpertId: return "expert id within [-1, E)";
     case WaitRole::kRowOverflow: return "rows within the buffer bound";
     case WaitRole::kRepeatedExpert: return "each expert at most once per token";
+    case WaitRole::kBadSchedule: return "GEMM tiles in whole clusters";
   }
   return "unknown";
 }
@@ -23,6 +24,13 @@ const char* wait_role_name(WaitRole role) {
 std::string describe(const DeviceError& e) {
   std::ostringstream os;
   if (!e.claimed) return "no error";
+  if (e.role == int32_t(WaitRole::kBadSchedule)) {
+    if (e.rank >= 0) os << "rank " << e.rank << " ";
+    if (e.layer >= 0) os << "layer" << e.layer << " ";
+    os << "grouped GEMM: " << e.observed << " tiles are not whole clusters of " << e.expected
+       << " (a schedule built for another kernel configuration); no tile ran";
+    return os.str();
+  }
   if (e.role >= int32_t(WaitRole::kBadTokenCount)) {
     os << "rank " << e.rank << ": bad input from rank " << e.signal << ": expected "
        << wait_role_name(WaitRole(e.role)) << " (bound " << e.expected << "), got " << e.observed;

@@ -23,6 +23,9 @@ enum class WaitRole : int32_t {
   kBadExpertId = 6,    // an expert id outside [-1, E)
   kRowOverflow = 7,    // more rows than the buffers hold
   kRepeatedExpert = 8, // a token selects the same expert in two slots (`observed` = the expert)
+  // A grouped GEMM with clusters given a tile count that is not whole clusters (`observed` = the
+  // count, `expected` = the cluster size): a schedule built for another configuration.
+  kBadSchedule = 9,
 };
 
 struct DeviceError {

@@ -107,8 +107,9 @@ std::vector<int> expert_row_offsets(const std::vector<int>& rows) {
 }
 
 int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel) {
-  // Segments are padded inside max_rows, so rows bound the real tiles; each expert adds at most
-  // cluster - 1 padding tiles per column block (the builder adds at most one per expert).
+  // Segments are padded inside max_rows, so rows bound the real tiles. The builder adds at most
+  // one padding tile per expert; this bound (cluster - 1 per expert and column block) is looser
+  // than needed and cheap.
   const int cluster = gemm_cluster_m(kernel);
   return (int64_t(max_rows / kGemmBlockM) + int64_t(num_experts) * (cluster - 1)) * num_n_blocks;
 }
@@ -136,7 +137,8 @@ __device__ int find_range(const int32_t* psum, int n, int64_t v) {
 //   blocks the last one is paired with a padding tile.
 // Padding therefore costs at most one tile per odd expert, not one per column block.
 __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, int cluster,
-                                   TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity) {
+                                   TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
+                                   const int32_t* accepted) {
   extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, [E + 1] M pairs, [E + 1] tail pairs
   int32_t* unit_psum = psum + num_experts + 1;
   int32_t* tail_psum = unit_psum + num_experts + 1;
@@ -150,7 +152,9 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
       tail_psum[e + 1] = tail_psum[e] + (m_tiles % cluster != 0 ? tail_units : 0);
     }
     const int64_t total = (int64_t(unit_psum[num_experts]) * num_n_blocks + tail_psum[num_experts]) * cluster;
-    *num_tiles = int32_t(total <= capacity ? total : 0);
+    const bool refused = accepted != nullptr && *accepted == 0;
+    if (refused) unit_psum[num_experts] = tail_psum[num_experts] = 0;  // an empty schedule
+    *num_tiles = int32_t(!refused && total <= capacity ? total : 0);
   }
   __syncthreads();
   const int units_m = unit_psum[num_experts];
@@ -183,13 +187,14 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
 }  // namespace
 
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
-                      TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity, CUstream_st* stream) {
+                      TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity, CUstream_st* stream,
+                      const int32_t* accepted) {
   COMET_CHECK(num_experts >= 1 && num_n_blocks >= 1, "build_gemm_tiles: E=" << num_experts << ", n blocks=" << num_n_blocks);
   COMET_CHECK(kernel != GemmKernel::kAuto, "build_gemm_tiles: resolve the kernel first (resolve_gemm_kernel)");
   COMET_CHECK(gemm_cluster_m(kernel) <= 2, "build_gemm_tiles: clusters of 1 or 2 blocks");
   const size_t smem = size_t(3 * (num_experts + 1)) * sizeof(int32_t);
   build_tiles_kernel<<<1, 512, smem, stream>>>(rows_per_expert, num_experts, num_n_blocks, gemm_cluster_m(kernel),
-                                               order, tiles, num_tiles, capacity);
+                                               order, tiles, num_tiles, capacity, accepted);
   COMET_CUDA_CHECK_LAUNCH();
 }
 

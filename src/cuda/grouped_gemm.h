@@ -154,10 +154,11 @@ int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKern
 // tiles in pairs of one column block (rastered as single tiles are), then, for each expert with
 // an odd M tile count, its last M tile's column blocks in pairs (n, n + 1), the last completed
 // by a padding tile when the column blocks are odd in number. `capacity` bounds the tiles
-// written (*num_tiles = 0 past it).
+// written (*num_tiles = 0 past it). `accepted` (device, optional): when it reads 0 the schedule
+// is empty (a refused plan's rows are not in place).
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
-                      CUstream_st* stream);
+                      CUstream_st* stream, const int32_t* accepted = nullptr);
 
 // Host helper: pack gate [E][k][n] and up [E][k][n] (row-major, x W convention) into the
 // SwiGLU B layout above, as bf16 bits. The plain weight [E][k][n] -> [E][n][k] transpose

@@ -336,7 +336,8 @@ struct MoeLayer::Impl {
       g.tile_claims = nullptr;
       cuda::build_gemm_tiles(k.plan.expert_rows, g.num_experts, unfused_n_blocks[layer], g.kernel,
                              layer == 0 ? cuda::TileOrder::kRowMajor : cuda::TileOrder::kColumnBlockMajor,
-                             k.unfused_tiles[layer], k.unfused_num_tiles + layer, unfused_capacity[layer], s);
+                             k.unfused_tiles[layer], k.unfused_num_tiles + layer, unfused_capacity[layer], s,
+                             k.plan.counts + 2);  // a refused plan: no tiles, as in its own schedule
       cuda::run_grouped_gemm(g, s);
     }
   }

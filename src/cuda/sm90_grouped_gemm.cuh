@@ -220,7 +220,17 @@ struct GroupedGemmKernel {
     if constexpr (kClusterM > 1) cute::cluster_sync();
     else __syncthreads();
 
-    const int num_tiles = *p.num_tiles;
+    int num_tiles = *p.num_tiles;
+    if constexpr (kClusterM > 1) {
+      // Every block reads the same count, so all of them run nothing together: a block whose
+      // partner had no tile would wait for its B half forever.
+      if (num_tiles % kClusterM != 0) {
+        if (thread_idx == 0 && gemm_block == 0)
+          record_timeout(p.error, WaitSite{p.rank, p.layer, WaitRole::kBadSchedule, -1}, uint64_t(kClusterM),
+                         uint64_t(num_tiles));
+        num_tiles = 0;
+      }
+    }
 
     if (warp_group == 0) {
       // Step 1 (producer): the other three warps give their registers away and leave.
@@ -249,7 +259,9 @@ struct GroupedGemmKernel {
       if (t < 0) break;
       if (kPingpong && entry % 2 != consumer) continue;
       const GemmTile tile = p.tiles[t];
-      const bool padding = kClusterM > 1 && gemm_tile_is_padding(tile);
+      // Padding tiles exist only in cluster schedules; tested for every kernel, so that such a
+      // schedule run by the wrong configuration never stores at a negative row.
+      const bool padding = gemm_tile_is_padding(tile);
       // The tile's trace record opens in memory (no register kept across the mainloop).
       if (p.trace_tiles != nullptr && mma_thread == 0 && !padding) p.trace_tiles[t].begin_ns = globaltimer_ns();
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
@@ -342,7 +354,11 @@ struct GroupedGemmKernel {
       Tensor tBgB = tma_b.partition_S(gB(_, _, tile.n_block, _, tile.expert));  // (TMA,TMA_N,TMA_K,k)
       Tensor tBgB_other = tma_b_other.partition_S(gB(_, _, tile.n_block, _, tile.expert));
       // Entries 2u and 2u + 1 are a cluster's pair: t ^ 1 is the partner's entry.
-      const bool share_b = kClusterM == 1 || p.tiles[t ^ 1].n_block == tile.n_block;
+      bool share_b = true;
+      if constexpr (kClusterM > 1) {
+        const GemmTile partner = p.tiles[t ^ 1];
+        share_b = partner.n_block == tile.n_block && partner.expert == tile.expert;
+      }
       const uint16_t mask_b = kClusterM == 1 ? uint16_t(0) : share_b ? multicast_b : own_b;
       if (leader) {
         for (int k = 0; k < p.k_tiles; ++k) {

@@ -45,7 +45,8 @@ int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
     int clusters = resident[device].load(std::memory_order_relaxed);
     if (clusters == 0) {
       cudaLaunchAttribute cluster;
-      const cudaLaunchConfig_t config = cluster_launch_config<Kernel>(num_sms, nullptr, cluster);
+      const cudaLaunchConfig_t config =
+          cluster_launch_config<Kernel>(num_sms / Kernel::kClusterM * Kernel::kClusterM, nullptr, cluster);
       COMET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<Kernel>, &config));
       COMET_CHECK(clusters > 0, "grouped GEMM: no cluster of " << Kernel::kClusterM << " blocks fits on device " << device);
       resident[device].store(clusters, std::memory_order_relaxed);

@@ -435,11 +435,47 @@ TEST(GroupedGemm, KAndNTailsAreZeroFilled) {
 
 TEST(GroupedGemm, AllExpertsEmptyRunsNothing) {
   COMET_REQUIRE_GPU();
-  const GemmCase c{"empty", GemmEpilogue::kIdentity, 256, 256, {0, 0, 0, 0}, 1};
-  const GemmProblem p = make_gemm_problem(c);
-  const GemmRun run = run_case(p, TileOrder::kRowMajor);
-  EXPECT_EQ(run.num_tiles, 0);
-  EXPECT_EQ(run.error.claimed, 0);
+  for (GemmKernel kernel : kKernels) {
+    const GemmCase c{"empty", GemmEpilogue::kIdentity, 256, 256, {0, 0, 0, 0}, 1, kernel};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const GemmRun run = run_case(p, TileOrder::kRowMajor);
+    EXPECT_EQ(run.num_tiles, 0);
+    EXPECT_EQ(run.error.claimed, 0);
+  }
+}
+
+// A cluster configuration given a schedule built for another configuration with an odd tile
+// count runs no tile, records the error, and finishes (a block whose partner had no tile would
+// otherwise wait for its B half forever); a cluster schedule's padding tile run by a
+// configuration without clusters stores nothing (it would store at a negative row).
+TEST(GroupedGemm, ScheduleOfAnotherConfigurationIsRefusedOrHarmless) {
+  COMET_REQUIRE_GPU();
+  GemmProblem p = make_gemm_problem(GemmCase{"mismatch", GemmEpilogue::kIdentity, 256, 256, {300}, 6});
+  {
+    DeviceGemm g(p, TileOrder::kRowMajor);  // cooperative: 3 M tiles x 1 column block
+    GroupedGemmArgs args = g.args(p);
+    args.kernel = GemmKernel::kCooperative128x256Cluster2x1;
+    run_grouped_gemm(args, nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    const DeviceError err = g.error.download()[0];
+    ASSERT_EQ(err.claimed, 1);
+    EXPECT_EQ(err.role, int(WaitRole::kBadSchedule));
+    EXPECT_EQ(err.observed, 3u);
+    EXPECT_NE(describe(err).find("3 tiles are not whole clusters of 2"), std::string::npos) << describe(err);
+    for (uint16_t v : g.d.download()) ASSERT_EQ(v, 0xffff) << "a tile ran";
+  }
+  {
+    p.c.kernel = GemmKernel::kCooperative128x256Cluster2x1;
+    DeviceGemm g(p, TileOrder::kRowMajor);  // pairs (0, 1) and (2, padding)
+    p.c.kernel = GemmKernel::kCooperative128x256;
+    GroupedGemmArgs args = g.args(p);
+    const GemmRun want = run_case(p, TileOrder::kRowMajor);
+    run_grouped_gemm(args, nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(g.error.download()[0].claimed, 0);
+    EXPECT_EQ(g.d.download(), want.d) << "the padding tile stored something, or a real tile is missing";
+  }
 }
 
 TEST(GroupedGemm, CanImplementRefusesBadShapes) {
@@ -489,6 +525,19 @@ TEST(GroupedGemm, CanImplementRefusesBadShapes) {
   EXPECT_NE(s.reason.find("num_blocks=7"), std::string::npos) << s.reason;
   a.num_blocks = 8;
   EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
+}
+
+TEST(GroupedGemm, DescribesAScheduleOfAnotherConfiguration) {  // host only
+  DeviceError e;
+  e.claimed = 1;
+  e.rank = 2;
+  e.layer = 0;
+  e.role = int(WaitRole::kBadSchedule);
+  e.expected = 2;
+  e.observed = 7;
+  EXPECT_EQ(describe(e),
+            "rank 2 layer0 grouped GEMM: 7 tiles are not whole clusters of 2 (a schedule built for another kernel "
+            "configuration); no tile ran");
 }
 
 TEST(GroupedGemm, MissingSignalTimesOutAndNamesIt) {
