@@ -27,7 +27,7 @@
 #include "cuda/comm_rows.cuh"
 #include "cuda/device_plan.h"
 #include "cuda/signal.cuh"
-#include "cuda/tile_raster.cuh"
+#include "cuda/tile_raster.h"
 
 namespace comet::cuda {
 

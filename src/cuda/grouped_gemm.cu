@@ -4,8 +4,8 @@
 
 #include "comet/dtype.h"
 #include "cuda/check.h"
+#include "cuda/gemm_schedule.h"
 #include "cuda/grouped_gemm.h"
-#include "cuda/tile_raster.cuh"
 
 namespace comet::cuda {
 
@@ -116,72 +116,25 @@ int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKern
 
 namespace {
 
-// Index e of the range holding v, for prefix sums psum[0..n] with psum[0] = 0 <= v < psum[n]:
-// the largest e with psum[e] <= v (empty ranges before it are skipped).
-__device__ int find_range(const int32_t* psum, int n, int64_t v) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (psum[mid] <= v) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
-// One block: prefix sums over experts (padded to the tile height), then every thread writes
-// tiles. E is at most a few hundred, so the serial scan costs nothing next to a GEMM.
-// With clusters of two (`cluster` = 2) the list has two parts:
-// - each expert's M tiles in pairs, rastered like single tiles: a pair shares its column block,
-//   so its two blocks split the B loads and multicast them;
-// - then, per expert with an odd M tile count, its last M tile's column blocks in pairs (n, n+1):
-//   two tiles with different B, which each block loads for itself; with an odd number of column
-//   blocks the last one is paired with a padding tile.
-// Padding therefore costs at most one tile per odd expert, not one per column block.
+// One block: thread 0 takes the prefix sums over experts (E is at most a few hundred, so the
+// serial scan costs nothing next to a GEMM), then every thread writes units of the list that
+// cuda/gemm_schedule.h defines.
 __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, int cluster,
                                    TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
                                    const int32_t* accepted) {
-  extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, [E + 1] M pairs, [E + 1] tail pairs
+  extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, [E + 1] grid units, [E + 1] tail units
   int32_t* unit_psum = psum + num_experts + 1;
   int32_t* tail_psum = unit_psum + num_experts + 1;
-  const int tail_units = cluster == 1 ? 0 : (num_n_blocks + 1) / 2;  // per expert with an odd M tile count
+  __shared__ int64_t units;
   if (threadIdx.x == 0) {
-    psum[0] = unit_psum[0] = tail_psum[0] = 0;
-    for (int e = 0; e < num_experts; ++e) {
-      const int m_tiles = (rows_per_expert[e] + kGemmBlockM - 1) / kGemmBlockM;
-      psum[e + 1] = psum[e] + m_tiles * kGemmBlockM;
-      unit_psum[e + 1] = unit_psum[e] + m_tiles / cluster;
-      tail_psum[e + 1] = tail_psum[e] + (m_tiles % cluster != 0 ? tail_units : 0);
-    }
-    const int64_t total = (int64_t(unit_psum[num_experts]) * num_n_blocks + tail_psum[num_experts]) * cluster;
-    const bool refused = accepted != nullptr && *accepted == 0;
-    if (refused) unit_psum[num_experts] = tail_psum[num_experts] = 0;  // an empty schedule
-    *num_tiles = int32_t(!refused && total <= capacity ? total : 0);
+    units = gemm_schedule_prefixes(rows_per_expert, num_experts, num_n_blocks, cluster, psum, unit_psum, tail_psum);
+    const bool refused = accepted != nullptr && *accepted == 0;  // a refused plan: an empty schedule
+    if (refused || units * cluster > capacity) units = 0;       // past capacity: the caller sized it wrong
+    *num_tiles = int32_t(units * cluster);
   }
   __syncthreads();
-  const int units_m = unit_psum[num_experts];
-  const int64_t grid_units = int64_t(units_m) * num_n_blocks, units = grid_units + tail_psum[num_experts];
-  if (units * cluster > capacity) return;  // *num_tiles = 0: nothing runs; the caller sized it wrong
-  // A row-major group keeps kRasterGroupM M tiles whatever the cluster.
-  const int group = order == TileOrder::kRowMajor ? (kRasterGroupM + cluster - 1) / cluster : default_raster_group(order);
-  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
-    GemmTile* unit = tiles + u * cluster;
-    if (u < grid_units) {
-      int mu, n;
-      raster_tile(order, group, u, units_m, num_n_blocks, mu, n);
-      const int e = find_range(unit_psum, num_experts, mu);
-      const int first_row = psum[e] + (mu - unit_psum[e]) * cluster * kGemmBlockM;
-      for (int r = 0; r < cluster; ++r) {
-        const int m_row = first_row + r * kGemmBlockM;
-        unit[r] = GemmTile{m_row, n, e, m_row / kGemmBlockM};
-      }
-    } else {
-      const int64_t v = u - grid_units;
-      const int e = find_range(tail_psum, num_experts, v);
-      const int m_row = psum[e + 1] - kGemmBlockM, n = 2 * int(v - tail_psum[e]);
-      unit[0] = GemmTile{m_row, n, e, m_row / kGemmBlockM};
-      unit[1] = n + 1 < num_n_blocks ? GemmTile{m_row, n + 1, e, m_row / kGemmBlockM}
-                                     : GemmTile{~m_row, n, e, m_row / kGemmBlockM};
-    }
-  }
+  for (int64_t u = threadIdx.x; u < units; u += blockDim.x)
+    gemm_schedule_unit(u, psum, unit_psum, tail_psum, num_experts, num_n_blocks, cluster, order, tiles + u * cluster);
 }
 
 }  // namespace

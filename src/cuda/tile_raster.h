@@ -1,14 +1,15 @@
-// cuda/tile_raster.cuh: the one definition of the grouped raster orders of grouped_gemm.h
-// (TileOrder), shared by the tile-list builder and the device plan kernel.
+// cuda/tile_raster.h: the one definition of the grouped raster orders of grouped_gemm.h
+// (TileOrder), shared by the tile-list builder, the device plan kernel and host tests.
 #pragma once
 
 #include "cuda/grouped_gemm.h"
+#include "cuda/host_device.h"
 
 namespace comet::cuda {
 
 // Tile i of an (m_total M tiles) x (num_n_blocks column blocks) grid -> (m, n). `group` is the
 // height of a row-major group in M tiles, or the width of a column-major group in column blocks.
-__host__ __device__ inline void raster_tile(TileOrder order, int group, int64_t i, int m_total, int num_n_blocks,
+COMET_HOST_DEVICE inline void raster_tile(TileOrder order, int group, int64_t i, int m_total, int num_n_blocks,
                                             int& m, int& n) {
   if (order == TileOrder::kRowMajor) {
     // Groups of `group` M tiles (the last may be smaller), column blocks outer.
@@ -29,7 +30,7 @@ __host__ __device__ inline void raster_tile(TileOrder order, int group, int64_t 
 }
 
 // The default group of each order (grouped_gemm.h).
-__host__ __device__ constexpr int default_raster_group(TileOrder order) {
+COMET_HOST_DEVICE constexpr int default_raster_group(TileOrder order) {
   return order == TileOrder::kRowMajor ? kRasterGroupM : kRasterGroupN;
 }
 
