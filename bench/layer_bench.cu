@@ -205,7 +205,7 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
     if (several_rows)
       stem += "-" + row.model + "-t" + std::to_string(row.tokens) + "-n" + std::to_string(row.n_comm0) + "-" +
               std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m) + "-s" +
-              std::to_string(row.layer0_stages);
+              std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms);
     if (per_process) stem += "-rank" + std::to_string(row.rank);
     row.trace_path = stem + ".json";
   }
@@ -240,7 +240,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     for (const std::string& name : models)
       for (int tokens : o.tokens)
         for (const RoutingSpec& routing : o.routings) workloads.push_back({ep, tp, name, tokens, routing});
-  const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size() * o.layer0_stages.size());
+  const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size() * o.layer0_stages.size() *
+                         o.unfused_gemms.size());
   const int total = int(workloads.size()) * combos;
   int done = 0;
   for (const Workload& w : workloads) {
@@ -267,7 +268,6 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     // The unfused output once per workload: every fused variant must equal it bitwise.
     LayerOptions unfused;
     unfused.link = o.link;
-    unfused.unfused_gemms = o.unfused_gemms;
     layer.set_options(unfused);
     layer.forward(in->tensors, stream);
     layer.check(stream);
@@ -281,7 +281,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     for (int n0 : o.n_comm0)
       for (int n1 : o.n_comm1)
         for (int group : o.layer0_group_m)
-        for (int stages : o.layer0_stages) {
+        for (int stages : o.layer0_stages)
+        for (UnfusedGemms unfused_gemms : o.unfused_gemms) {
           if (progress)
             progress(done, total,
                      name + " T=" + std::to_string(tokens) + " EPxTP=" + std::to_string(w.ep) + "x" +
@@ -289,7 +290,9 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           LayerOptions fused;
           fused.link = o.link;
           fused.fused = true;
-          fused.unfused_gemms = o.unfused_gemms;  // compute-only runs the unfused GEMMs under either
+          fused.unfused_gemms = unfused_gemms;  // compute-only runs the unfused GEMMs under either
+          LayerOptions unfused_row = unfused;
+          unfused_row.unfused_gemms = unfused_gemms;
           fused.n_comm0 = n0;
           fused.n_comm1 = n1;
           fused.layer0_group_m = group;
@@ -308,6 +311,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.n_comm1 = layer.n_comm().n_comm1;
           row.layer0_group_m = group;
           row.layer0_stages = stages;
+          row.unfused_gemms = unfused_gemms;
           row.n_comm_source = layer.n_comm().source;
           layer.forward(in->tensors, stream);
           layer.check(stream);
@@ -321,7 +325,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
                }},
               {"unfused",
                [&, turn = size_t(0)](cudaStream_t st) mutable {
-                 layer.set_options(unfused);
+                 layer.set_options(unfused_row);
                  layer.forward(rotation[turn++ % rotation.size()]->tensors, st);
                }},
               {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},

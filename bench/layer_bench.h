@@ -41,7 +41,9 @@ struct LayerBenchOptions {
   double warmup_ms = 300;
   uint64_t seed = 1;
   bool baselines = true;
-  UnfusedGemms unfused_gemms = UnfusedGemms::kFusedSchedule;  // the unfused forward's and compute-only's GEMMs
+  // The unfused forward's and compute-only's GEMMs (LayerOptions::unfused_gemms), swept: one row
+  // each, so `fused,auto` times both on the same workload in one run.
+  std::vector<UnfusedGemms> unfused_gemms{UnfusedGemms::kFusedSchedule};
   std::vector<int> chunks{2, 4};               // chunk counts tried for the chunked baseline
   // loopback: W virtual ranks on one GPU; local: one GPU per rank in this process; nccl: this
   // process's rank of a `comet launch` run (fabric::make_fabric). With several processes each
@@ -57,6 +59,9 @@ struct LayerBenchOptions {
   LinkEmulation link;                          // off: inter-rank copies are local copies
 };
 
+// "fused" or "auto": LayerOptions::unfused_gemms as `--unfused-gemms` and the tables name it.
+inline const char* unfused_gemms_name(UnfusedGemms g) { return g == UnfusedGemms::kAuto ? "auto" : "fused"; }
+
 struct LayerBenchRow {
   std::string model;
   std::string routing;  // RoutingSpec::describe()
@@ -65,6 +70,7 @@ struct LayerBenchRow {
   int tokens = 0, world = 0, ep = 0, tp = 0;
   int n_comm0 = 0, n_comm1 = 0, layer0_group_m = 0;  // 0: MoeLayer's default group
   int layer0_stages = 0;                              // 0: MoeLayer's default
+  UnfusedGemms unfused_gemms = UnfusedGemms::kFusedSchedule;  // of the unfused and compute-only times
   std::string n_comm_source;
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;

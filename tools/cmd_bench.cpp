@@ -70,8 +70,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
                 "and direction, e.g. 450,2 (docs/link_emulation.md)");
   l->add_flag("--no-baselines", lo.no_baselines, "leave out the sequential and chunked baselines");
   l->add_option("--unfused-gemms", lo.unfused_gemms,
-                "GEMMs of the unfused pipeline and compute-only: fused (the fused kernels' configuration and "
-                "tile order) or auto (the configuration kAuto chooses; docs/gpu_layer.md)")
+                "GEMMs of the unfused pipeline and compute-only, comma separated list swept: fused (the fused "
+                "kernels' configuration and tile order) or auto (the configuration kAuto chooses; "
+                "docs/gpu_layer.md)")
+      ->delimiter(',')
       ->check(CLI::IsMember({"fused", "auto"}));
   add_fabric_option(*l, lo.fabric);
   l->add_flag("--json", lo.json, "JSON instead of the table");
@@ -178,7 +180,9 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.warmup_ms = o.warmup_ms;
   lo.seed = o.seed;
   lo.baselines = !o.no_baselines;
-  lo.unfused_gemms = o.unfused_gemms == "auto" ? UnfusedGemms::kAuto : UnfusedGemms::kFusedSchedule;
+  lo.unfused_gemms.clear();
+  for (const std::string& g : o.unfused_gemms)
+    lo.unfused_gemms.push_back(g == "auto" ? UnfusedGemms::kAuto : UnfusedGemms::kFusedSchedule);
   lo.chunks = o.chunks;
   lo.fabric = o.fabric;
   lo.link = link;

@@ -77,7 +77,7 @@ struct BenchLayerOptions {
   std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
   std::string emulate_link;       // GBPS[,LATENCY_US] (comet/link_emulation.h); empty: off
   bool no_baselines = false;
-  std::string unfused_gemms = "fused";  // fused | auto (LayerOptions::unfused_gemms)
+  std::vector<std::string> unfused_gemms{"fused"};  // each fused | auto (LayerOptions::unfused_gemms), swept
   bool json = false;
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
   std::string trace;                // timeline of one traced fused forward per row (FILE.json + FILE.svg)
