@@ -211,13 +211,19 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
         out.push_back(row);
       }
 
-      // Verify: run once more and compare sampled elements with cuBLAS's output.
+      // Verify: run once more, both sides into outputs filled with bf16 NaN (the timed runs left
+      // their results there), and compare sampled elements with cuBLAS's output.
+      auto poison = [&](void* p, size_t elements) { COMET_CUDA_CHECK(cudaMemsetAsync(p, 0xff, elements * 2, stream)); };
+      poison(inter.ptr, size_t(max_rows) * F);
+      poison(c0.ptr, size_t(max_rows) * 2 * F);
       cuda::run_grouped_gemm(g0, stream);
       cublas.per_expert_loop(s0, a.ptr, w0_concat.ptr, c0.ptr, stream);
       COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
       std::vector<uint16_t> ours0(size_t(max_rows) * F), ref0(size_t(max_rows) * 2 * F);
       COMET_CUDA_CHECK(cudaMemcpy(ours0.data(), inter.ptr, ours0.size() * 2, cudaMemcpyDeviceToHost));
       COMET_CUDA_CHECK(cudaMemcpy(ref0.data(), c0.ptr, ref0.size() * 2, cudaMemcpyDeviceToHost));
+      poison(out1.ptr, size_t(max_rows) * H);
+      poison(c1.ptr, size_t(max_rows) * H);
       cuda::run_grouped_gemm(g1, stream);
       cublas.per_expert_loop(s1, inter.ptr, w1.ptr, c1.ptr, stream);
       COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -229,7 +235,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       // (GEMM1 after GEMM0 rewrote its input `inter`). Every row of the buffers lies in some tile
       // when there is any row at all.
       auto same_output = [&](const cuda::GroupedGemmArgs& args, const std::vector<uint16_t>& want) {
-        COMET_CUDA_CHECK(cudaMemsetAsync(args.d, 0xff, want.size() * 2, stream));
+        poison(args.d, want.size());
         cuda::run_grouped_gemm(args, stream);
         std::vector<uint16_t> got(want.size());
         COMET_CUDA_CHECK(cudaMemcpyAsync(got.data(), args.d, got.size() * 2, cudaMemcpyDeviceToHost, stream));

@@ -96,6 +96,14 @@ std::vector<uint16_t> download_all_y(const LayerConfig& c, const Inputs& in, int
   return out;
 }
 
+// Every rank's y rows filled with 0xffff (bf16 NaN) before a checked forward: y still holds the
+// previous forward's output, which a forward that wrote nothing would pass off as its own.
+void poison_all_y(const LayerConfig& c, const Inputs& in, int tokens) {
+  const std::vector<uint16_t> nan(size_t(tokens) * c.model.hidden, 0xffff);
+  for (const RankTensors& t : in.tensors)
+    COMET_CUDA_CHECK(cudaMemcpy(t.y, nan.data(), nan.size() * 2, cudaMemcpyHostToDevice));
+}
+
 // got against want (bf16 bits, every rank concatenated) with the oracle's comparison.
 ref::Comparison compare_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
   std::vector<std::vector<float>> g(1);
@@ -154,6 +162,7 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
   row.baselines_match = true;
   auto check = [&](const BaselineOptions& options) {
     b.layer->set_options(with_link(options, o.link));
+    poison_all_y(c, in, tokens);
     b.layer->forward(in.tensors, stream);
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
     const ref::Comparison cmp = compare_bf16(download_all_y(c, in, tokens), want);
@@ -182,6 +191,7 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
                bool several_rows, const std::vector<uint16_t>& want, LayerBenchRow& row, cudaStream_t stream) {
   options.trace = true;
   layer.set_options(options);
+  poison_all_y(c, in, row.tokens);
   layer.forward(in.tensors, stream);
   layer.check(stream);
   row.fused_equals_unfused = row.fused_equals_unfused && download_all_y(c, in, row.tokens) == want;
@@ -313,9 +323,17 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.layer0_stages = stages;
           row.unfused_gemms = unfused_gemms;
           row.n_comm_source = layer.n_comm().source;
+          poison_all_y(c, *in, tokens);
           layer.forward(in->tensors, stream);
           layer.check(stream);
           row.fused_equals_unfused = download_all_y(c, *in, tokens) == want;
+          if (unfused_gemms != unfused.unfused_gemms) {  // this row's unfused GEMMs give the same output too
+            layer.set_options(unfused_row);
+            poison_all_y(c, *in, tokens);
+            layer.forward(in->tensors, stream);
+            layer.check(stream);
+            row.fused_equals_unfused = row.fused_equals_unfused && download_all_y(c, *in, tokens) == want;
+          }
 
           std::vector<Variant> variants = {
               {"fused",

@@ -76,7 +76,10 @@ struct LayerBenchRow {
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;
   double plan_us = 0;  // the device plan kernels alone (part of every forward)
   double fused_gemms_us = 0;  // the fused kernels with idle comm blocks and no waits (Part::kFusedGemms)
-  bool fused_equals_unfused = false;  // bitwise, all ranks' outputs
+  // Bitwise, all ranks' outputs, each forward into poisoned y: the fused output equals the
+  // workload's unfused one (default GEMMs), and so does this row's unfused output when its
+  // unfused_gemms is not the default.
+  bool fused_equals_unfused = false;
   double fused_over_compute() const { return fused_us / compute_us; }
   double fused_tflops() const { return flop / fused_us * 1e-6; }
 
