@@ -7,26 +7,24 @@
 
 namespace comet::cuda {
 
+// One grouped walk of a grid: groups of `group` along the grouped dimension (the last group may
+// be smaller); inside a group the other dimension outer, the grouped one inner.
+COMET_HOST_DEVICE inline void raster_grouped(int group, int64_t i, int grouped_total, int other_total, int& grouped,
+                                             int& other) {
+  const int64_t group_tiles = int64_t(group) * other_total;
+  const int g = int(i / group_tiles), within = int(i % group_tiles);
+  const int rest = grouped_total - g * group;
+  const int size = rest < group ? rest : group;
+  other = within / size;
+  grouped = g * group + within % size;
+}
+
 // Tile i of an (m_total M tiles) x (num_n_blocks column blocks) grid -> (m, n). `group` is the
 // height of a row-major group in M tiles, or the width of a column-major group in column blocks.
 COMET_HOST_DEVICE inline void raster_tile(TileOrder order, int group, int64_t i, int m_total, int num_n_blocks,
-                                            int& m, int& n) {
-  if (order == TileOrder::kRowMajor) {
-    // Groups of `group` M tiles (the last may be smaller), column blocks outer.
-    const int64_t group_tiles = int64_t(group) * num_n_blocks;
-    const int g = int(i / group_tiles), within = int(i % group_tiles);
-    const int rest = m_total - g * group;
-    const int group_m = rest < group ? rest : group;
-    n = within / group_m;
-    m = g * group + within % group_m;
-  } else {
-    const int64_t group_tiles = int64_t(group) * m_total;
-    const int g = int(i / group_tiles), within = int(i % group_tiles);
-    const int rest = num_n_blocks - g * group;
-    const int group_n = rest < group ? rest : group;
-    m = within / group_n;
-    n = g * group + within % group_n;
-  }
+                                          int& m, int& n) {
+  if (order == TileOrder::kRowMajor) raster_grouped(group, i, m_total, num_n_blocks, m, n);
+  else raster_grouped(group, i, num_n_blocks, m_total, n, m);
 }
 
 // The default group of each order (grouped_gemm.h).

@@ -7,6 +7,7 @@
 
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/gemm_schedule.h"
@@ -68,6 +69,25 @@ void check_schedule(const std::vector<int>& rows, int nb, int cluster, TileOrder
       ASSERT_EQ(list[t].n_block, n) << "entry " << t;
     }
   }
+}
+
+// The two raster orders on small grids, written out: row-major groups of M tiles with the column
+// block outer inside a group, column-major groups of column blocks with the M tile outer; the
+// last group smaller.
+TEST(GemmSchedule, RasterOrdersWrittenOut) {
+  auto walk = [](TileOrder order, int group, int m_total, int nb) {
+    std::vector<std::pair<int, int>> out;
+    for (int64_t i = 0; i < int64_t(m_total) * nb; ++i) {
+      int m, n;
+      raster_tile(order, group, i, m_total, nb, m, n);
+      out.emplace_back(m, n);
+    }
+    return out;
+  };
+  using P = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(walk(TileOrder::kRowMajor, 2, 3, 2), (P{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {2, 0}, {2, 1}}));
+  EXPECT_EQ(walk(TileOrder::kColumnBlockMajor, 2, 2, 3), (P{{0, 0}, {0, 1}, {1, 0}, {1, 1}, {0, 2}, {1, 2}}));
+  EXPECT_EQ(walk(TileOrder::kRowMajor, 4, 2, 2), (P{{0, 0}, {1, 0}, {0, 1}, {1, 1}}));  // one smaller group
 }
 
 TEST(GemmSchedule, SkewedExperts) {
