@@ -204,17 +204,21 @@ struct MoeLayer::Impl {
     return static_cast<char*>(fabric.base(k.rank)) + layout.region(name).offset_bytes;
   }
 
-  // GEMM arguments of a rank for layer 0 (GEMM0 + SwiGLU) or 1 (GEMM1) as the fused kernels run
-  // them: the cooperative configuration, the plan's tiles, claimed from the layer's counter.
-  cuda::GroupedGemmArgs gemm_args(const Rank& k, int layer) const {
-    const LayerConfig& c = config;
+  // The shape of layer 0's GEMM (GEMM0 + SwiGLU) or layer 1's (GEMM1), every rank's the same.
+  cuda::GroupedGemmArgs gemm_shape(int layer) const {
     cuda::GroupedGemmArgs g;
     g.epilogue = layer == 0 ? cuda::GemmEpilogue::kSwiGlu : cuda::GemmEpilogue::kIdentity;
+    g.num_experts = config.experts_per_rank();
+    g.max_rows = int(config.max_rows_per_rank());
+    g.n = layer == 0 ? config.ffn_per_rank() : config.model.hidden;
+    g.k = layer == 0 ? config.model.hidden : config.ffn_per_rank();
+    return g;
+  }
+  // GEMM arguments of a rank for a layer as the fused kernels run them: the cooperative
+  // configuration, the plan's tiles, claimed from the layer's counter.
+  cuda::GroupedGemmArgs gemm_args(const Rank& k, int layer) const {
+    cuda::GroupedGemmArgs g = gemm_shape(layer);
     g.kernel = cuda::GemmKernel::kCooperative128x256;
-    g.num_experts = c.experts_per_rank();
-    g.max_rows = int(c.max_rows_per_rank());
-    g.n = layer == 0 ? c.ffn_per_rank() : c.model.hidden;
-    g.k = layer == 0 ? c.model.hidden : c.ffn_per_rank();
     g.a = region(k, layer == 0 ? "a_rows" : "inter");
     g.b = layer == 0 ? k.w0 : k.w1;
     g.d = region(k, layer == 0 ? "inter" : "out_rows");
@@ -311,15 +315,11 @@ struct MoeLayer::Impl {
   int64_t unfused_capacity[2] = {0, 0};
   void resolve_unfused_gemms() {
     for (int layer = 0; layer < 2; ++layer) {
-      cuda::GroupedGemmArgs g;
-      g.epilogue = layer == 0 ? cuda::GemmEpilogue::kSwiGlu : cuda::GemmEpilogue::kIdentity;
-      g.num_experts = config.experts_per_rank();
-      g.n = layer == 0 ? config.ffn_per_rank() : config.model.hidden;
-      g.k = layer == 0 ? config.model.hidden : config.ffn_per_rank();
+      const cuda::GroupedGemmArgs g = gemm_shape(layer);
       unfused_kernel[layer] = cuda::resolve_gemm_kernel(g);
       unfused_n_blocks[layer] = cuda::gemm_num_n_blocks(g.epilogue, g.n, unfused_kernel[layer]);
-      unfused_capacity[layer] = cuda::max_gemm_tiles(int(config.max_rows_per_rank()), g.num_experts,
-                                                     unfused_n_blocks[layer], unfused_kernel[layer]);
+      unfused_capacity[layer] = cuda::max_gemm_tiles(g.max_rows, g.num_experts, unfused_n_blocks[layer],
+                                                     unfused_kernel[layer]);
     }
   }
   void gemms(const Rank& k, cudaStream_t s) const {
