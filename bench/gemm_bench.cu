@@ -20,6 +20,9 @@
 namespace comet::bench {
 
 using cuda::CublasExperts;
+
+// The configurations timed with split schedules too (the last wave cut along K).
+constexpr cuda::GemmKernel kSplitKernels[] = {cuda::GemmKernel::kCooperative128x256, cuda::GemmKernel::kPingpong128x128};
 using cuda::ExpertGemmShapes;
 
 namespace {
@@ -126,12 +129,34 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       struct Schedule {
         std::unique_ptr<Device<cuda::GemmTile>> tiles;
         std::unique_ptr<Device<int32_t>> count;
+        cuda::GemmSplit split;
+        std::unique_ptr<Device<cuda::GemmSplitPiece>> pieces;
+        std::unique_ptr<Device<float>> partials;
+        std::unique_ptr<Device<uint64_t>> flags;
+        bool split_used = false;  // the builder split it (gemm_split_plan)
       };
-      auto schedule = [&](cuda::GemmEpilogue epi, int n, cuda::GemmKernel kernel, cuda::TileOrder order) {
+      auto schedule = [&](cuda::GemmEpilogue epi, int n, int k, cuda::GemmKernel kernel, cuda::TileOrder order,
+                          bool split) {
         const int nb = cuda::gemm_num_n_blocks(epi, n, kernel);
-        const int64_t cap = cuda::max_gemm_tiles(max_rows, E, nb, kernel);
-        Schedule s{std::make_unique<Device<cuda::GemmTile>>(cap), std::make_unique<Device<int32_t>>(1)};
-        cuda::build_gemm_tiles(d_rows.ptr, E, nb, kernel, order, s.tiles->ptr, s.count->ptr, cap, stream);
+        Schedule s;
+        if (split) s.split = cuda::gemm_split_for(kernel, k);
+        const int64_t cap = cuda::max_gemm_tiles(max_rows, E, nb, kernel, s.split);
+        s.tiles = std::make_unique<Device<cuda::GemmTile>>(cap);
+        s.count = std::make_unique<Device<int32_t>>(1);
+        if (split) s.pieces = std::make_unique<Device<cuda::GemmSplitPiece>>(cap);
+        cuda::build_gemm_tiles(d_rows.ptr, E, nb, kernel, order, s.tiles->ptr, s.count->ptr, cap, stream, nullptr, s.split,
+                               split ? s.pieces->ptr : nullptr);
+        if (split) {
+          s.partials = std::make_unique<Device<float>>(cuda::gemm_split_partial_floats(kernel, s.split));
+          s.flags = std::make_unique<Device<uint64_t>>(cuda::gemm_split_flags(s.split));
+          COMET_CUDA_CHECK(cudaMemsetAsync(s.flags->ptr, 0, cuda::gemm_split_flags(s.split) * sizeof(uint64_t), stream));
+          int32_t count = 0;
+          COMET_CUDA_CHECK(cudaMemcpyAsync(&count, s.count->ptr, sizeof count, cudaMemcpyDeviceToHost, stream));
+          COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+          int64_t unsplit = 0;
+          for (int r : rows) unsplit += int64_t((r + cuda::kGemmBlockM - 1) / cuda::kGemmBlockM) * nb;
+          s.split_used = count != unsplit;
+        }
         return s;
       };
       auto make_args = [&](cuda::GemmEpilogue epi, cuda::GemmKernel kernel, int n, int k, const void* in,
@@ -149,21 +174,30 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
         g.tiles = s.tiles->ptr;
         g.num_tiles = s.count->ptr;
         g.error = error.ptr;
+        if (s.split.blocks > 0) {
+          g.split_pieces = s.pieces->ptr;
+          g.split_partials = s.partials->ptr;
+          g.split_flags = s.flags->ptr;
+          g.split_blocks = s.split.blocks;
+        }
         return g;
       };
       const auto kSwiGlu = cuda::GemmEpilogue::kSwiGlu, kIdentity = cuda::GemmEpilogue::kIdentity;
       // GEMM0's output is GEMM1's input buffer: both are timed separately on fixed inputs. Every
       // configuration runs with its own schedule (the cooperative one also with claimed tiles);
       // "comet" is the one kAuto chooses.
-      constexpr int kConfigs = int(std::size(cuda::kGemmKernels));
+      // Then the split schedules of the configurations that can split (args index kConfigs + i).
+      constexpr int kConfigs = int(std::size(cuda::kGemmKernels)), kSplits = int(std::size(kSplitKernels));
       std::vector<Schedule> schedules0, schedules1;
       std::vector<cuda::GroupedGemmArgs> args0, args1;
-      for (cuda::GemmKernel kernel : cuda::kGemmKernels) {
-        schedules0.push_back(schedule(kSwiGlu, F, kernel, cuda::TileOrder::kRowMajor));
-        schedules1.push_back(schedule(kIdentity, H, kernel, cuda::TileOrder::kColumnBlockMajor));
+      auto add_config = [&](cuda::GemmKernel kernel, bool split) {
+        schedules0.push_back(schedule(kSwiGlu, F, H, kernel, cuda::TileOrder::kRowMajor, split));
+        schedules1.push_back(schedule(kIdentity, H, F, kernel, cuda::TileOrder::kColumnBlockMajor, split));
         args0.push_back(make_args(kSwiGlu, kernel, F, H, a.ptr, w0_packed.ptr, inter.ptr, schedules0.back()));
         args1.push_back(make_args(kIdentity, kernel, H, F, inter.ptr, w1.ptr, out1.ptr, schedules1.back()));
-      }
+      };
+      for (cuda::GemmKernel kernel : cuda::kGemmKernels) add_config(kernel, false);
+      for (cuda::GemmKernel kernel : kSplitKernels) add_config(kernel, true);
       const cuda::GroupedGemmArgs& g0 = args0[0];  // cooperative: the reference for the others
       const cuda::GroupedGemmArgs& g1 = args1[0];
 
@@ -171,19 +205,23 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       struct Gemm {
         const char* name;
         const std::vector<cuda::GroupedGemmArgs>& configs;
+        const std::vector<Schedule>& schedules;
         ExpertGemmShapes shapes;
         const void* a;
         const void* b;
         void* c;
       };
-      for (const Gemm& g : {Gemm{"gemm0+swiglu", args0, s0, a.ptr, w0_concat.ptr, c0.ptr},
-                            Gemm{"gemm1", args1, s1, inter.ptr, w1.ptr, c1.ptr}}) {
+      for (const Gemm& g : {Gemm{"gemm0+swiglu", args0, schedules0, s0, a.ptr, w0_concat.ptr, c0.ptr},
+                            Gemm{"gemm1", args1, schedules1, s1, inter.ptr, w1.ptr, c1.ptr}}) {
         cublas.prepare_grouped(g.shapes, g.a, g.b, g.c);
         cuda::GroupedGemmArgs claimed = g.configs[0];
         claimed.tile_claims = claims.ptr;
         std::vector<Variant> variants;
         for (int i = 0; i < kConfigs; ++i)
           variants.push_back({cuda::gemm_kernel_name(cuda::kGemmKernels[i]),
+                              [&, i](cudaStream_t st) { cuda::run_grouped_gemm(g.configs[i], st); }});
+        for (int i = kConfigs; i < kConfigs + kSplits; ++i)
+          variants.push_back({std::string(cuda::gemm_kernel_name(g.configs[i].kernel)) + "+split",
                               [&, i](cudaStream_t st) { cuda::run_grouped_gemm(g.configs[i], st); }});
         variants.push_back({"comet-claimed", [&](cudaStream_t st) { cuda::run_grouped_gemm(claimed, st); }});
         variants.push_back({"cublas-loop", [&](cudaStream_t st) { cublas.per_expert_loop(g.shapes, g.a, g.b, g.c, st); }});
@@ -205,9 +243,19 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
           row.config_us.push_back(us[i]);
           if (cuda::kGemmKernels[i] == chosen) row.ours_us = us[i];
         }
-        row.claimed_us = us[kConfigs];
-        row.cublas_loop_us = us[kConfigs + 1];
-        row.cublas_grouped_us = us[kConfigs + 2];
+        // kAuto's schedule is split where choose_gemm_split asks and the plan splits.
+        const bool auto_split = cuda::choose_gemm_split(first.epilogue, chosen, first.k);
+        for (int i = 0; i < kSplits; ++i) {
+          row.split_us.push_back(us[kConfigs + i]);
+          row.split_used.push_back(g.schedules[kConfigs + i].split_used);
+          if (auto_split && kSplitKernels[i] == chosen && row.split_used.back()) {
+            row.ours_us = us[kConfigs + i];
+            row.kernel += "+split";
+          }
+        }
+        row.claimed_us = us[kConfigs + kSplits];
+        row.cublas_loop_us = us[kConfigs + kSplits + 1];
+        row.cublas_grouped_us = us[kConfigs + kSplits + 2];
         out.push_back(row);
       }
 
@@ -247,16 +295,45 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       const bool claimed0 = total_rows == 0 || same_output(claimed0_args, ours0);
       const bool claimed1 = total_rows == 0 || same_output(claimed1_args, ours1);
       // Configurations whose output is not the cooperative one's. GEMM1's checks read `inter`, so
-      // GEMM0's cooperative output is restored after GEMM0's checks.
-      auto differing = [&](const std::vector<cuda::GroupedGemmArgs>& configs, const std::vector<uint16_t>& want) {
+      // GEMM0's cooperative output is restored after GEMM0's checks. A split schedule's output
+      // differs by the fp32 rounding of its split tiles' sums (bitwise when it did not split):
+      // every element within 2^-7 of its magnitude plus 1% of the output's rms (two bf16
+      // roundings apart at most, and cancelling sums), and repeatable bit for bit (run twice).
+      auto close_output = [&](const cuda::GroupedGemmArgs& args, const std::vector<uint16_t>& want, double& max_diff) {
+        poison(args.d, want.size());
+        cuda::run_grouped_gemm(args, stream);
+        std::vector<uint16_t> got(want.size());
+        COMET_CUDA_CHECK(cudaMemcpyAsync(got.data(), args.d, got.size() * 2, cudaMemcpyDeviceToHost, stream));
+        COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+        double sum2 = 0;  // an element's scale floor: 1% of the output's rms (cancelling sums)
+        size_t finite = 0;
+        for (uint16_t w : want)
+          if (std::isfinite(bf16_to_float(w))) sum2 += double(bf16_to_float(w)) * bf16_to_float(w), ++finite;
+        const double floor = 1e-2 * std::sqrt(sum2 / std::max<size_t>(finite, 1)) + 1e-30;
+        bool ok = true;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double x = bf16_to_float(got[i]), y = bf16_to_float(want[i]);
+          if (std::isnan(y)) continue;  // rows past the experts' ends inside no tile
+          const double d = std::abs(x - y) / (std::max(std::abs(x), std::abs(y)) + floor);
+          if (!(d <= 1.0 / 128)) ok = false;
+          if (std::isfinite(d)) max_diff = std::max(max_diff, d);
+        }
+        return ok && same_output(args, got);
+      };
+      double split_diff0 = 0, split_diff1 = 0;
+      auto differing = [&](const std::vector<cuda::GroupedGemmArgs>& configs, const std::vector<Schedule>& schedules,
+                           const std::vector<uint16_t>& want, double& split_diff) {
         std::string names;
-        for (int i = 1; i < kConfigs && total_rows > 0; ++i)
-          if (!same_output(configs[i], want)) names += (names.empty() ? "" : ",") + std::string(cuda::gemm_kernel_name(configs[i].kernel));
+        for (int i = 1; i < kConfigs + kSplits && total_rows > 0; ++i) {
+          const bool split = i >= kConfigs && schedules[i].split_used;
+          if (split ? !close_output(configs[i], want, split_diff) : !same_output(configs[i], want))
+            names += (names.empty() ? "" : ",") + std::string(cuda::gemm_kernel_name(configs[i].kernel)) + (i >= kConfigs ? "+split" : "");
+        }
         return names;
       };
-      std::string differs0 = differing(args0, ours0);
+      std::string differs0 = differing(args0, schedules0, ours0, split_diff0);
       if (total_rows > 0 && !same_output(g0, ours0)) differs0 += " (cooperative not repeatable)";
-      const std::string differs1 = differing(args1, ours1);
+      const std::string differs1 = differing(args1, schedules1, ours1, split_diff1);
       cuda::DeviceError err;
       COMET_CUDA_CHECK(cudaMemcpy(&err, error.ptr, sizeof err, cudaMemcpyDeviceToHost));
       Rng rng(o.seed + tokens);
@@ -287,6 +364,8 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       r1.claimed_matches = claimed1;
       r0.configs_differ = differs0;
       r1.configs_differ = differs1;
+      r0.split_max_rel_diff = split_diff0;
+      r1.split_max_rel_diff = split_diff1;
       r0.verified = !err.claimed && r0.max_rel_err < 3e-2 && claimed0 && differs0.empty();
       r1.verified = !err.claimed && r1.max_rel_err < 3e-2 && claimed1 && differs1.empty();
       ++done;

@@ -27,9 +27,15 @@ struct GemmBenchRow {
   double ours_us = 0, cublas_loop_us = 0, cublas_grouped_us = 0;
   std::vector<double> config_us;  // each configuration of cuda::kGemmKernels, static tiles
   double claimed_us = 0;  // cooperative with tiles claimed from a counter, as in a layer
+  // Split schedules (the last wave cut along K) of the configurations that can split (kSplitKernels), and whether
+  // gemm_split_plan split them on this shape (unsplit, the time is the plain schedule's again).
+  std::vector<double> split_us;
+  std::vector<bool> split_used;
+  double split_max_rel_diff = 0;  // split outputs vs the cooperative one (rounding of the split sums)
   double max_rel_err = 0;  // ours vs cuBLAS on sampled elements
   bool claimed_matches = false;  // claimed tiles gave the static output bitwise
   std::string configs_differ;    // configurations whose output differs from the cooperative one's
+                                 // (split schedules: beyond the rounding of their split sums)
   bool verified = false;         // max_rel_err within bounds, no device error, all outputs equal
   double ours_tflops() const { return flop / ours_us * 1e-6; }
   double cublas_best_us() const { return std::min(cublas_loop_us, cublas_grouped_us); }

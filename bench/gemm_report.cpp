@@ -13,6 +13,8 @@ namespace comet::bench {
 
 // Configuration columns: short names in the order of cuda::kGemmKernels.
 constexpr const char* kConfigColumns[] = {"coop", "coop-c2", "pp", "pp-c2"};
+// Split schedules (last wave cut along K) of the cooperative and ping-pong configurations (bench/gemm_bench.cu).
+constexpr const char* kSplitColumns[] = {"coop-sk", "pp-sk"};
 static_assert(std::size(kConfigColumns) == std::size(cuda::kGemmKernels), "one column per configuration");
 
 void print_gemm_table(const std::vector<GemmBenchRow>& rows, std::ostream& os) {
@@ -20,6 +22,7 @@ void print_gemm_table(const std::vector<GemmBenchRow>& rows, std::ostream& os) {
      << std::setw(5) << "E" << std::setw(7) << "rows" << std::setw(7) << "N" << std::setw(7) << "K"
      << std::setw(10) << "comet us" << std::setw(9) << "TFLOP/s";
   for (const char* c : kConfigColumns) os << std::setw(9) << c;
+  for (const char* c : kSplitColumns) os << std::setw(10) << c;
   os << std::setw(9) << "claimed" << std::setw(11) << "cublas us" << std::setw(9) << "TFLOP/s" << std::setw(8) << "ratio"
      << std::setw(10) << "max err" << "  check\n";
   os << std::fixed;
@@ -29,6 +32,8 @@ void print_gemm_table(const std::vector<GemmBenchRow>& rows, std::ostream& os) {
        << std::setprecision(1) << std::setw(10) << r.ours_us << std::setprecision(0) << std::setw(9)
        << r.ours_tflops() << std::setprecision(1);
     for (double us : r.config_us) os << std::setw(9) << us;
+    for (size_t i = 0; i < r.split_us.size(); ++i)  // '=': not split on this shape (the plain schedule)
+      os << std::setw(9) << r.split_us[i] << (r.split_used[i] ? " " : "=");
     os << std::setw(9) << r.claimed_us << std::setw(11) << r.cublas_best_us() << std::setprecision(0)
        << std::setw(9) << r.cublas_tflops() << std::setprecision(3) << std::setw(8) << r.ratio()
        << std::scientific << std::setprecision(1) << std::setw(10) << r.max_rel_err << std::fixed << "  "
@@ -50,6 +55,8 @@ std::string gemm_rows_json(const std::vector<GemmBenchRow>& rows) {
                  {"cublas_grouped_us", r.cublas_grouped_us}, {"cublas_best_tflops", r.cublas_tflops()},
                  {"speedup_vs_cublas", r.ratio()}, {"max_rel_err", r.max_rel_err},
                  {"claimed_matches_static", r.claimed_matches}, {"configs_differing", r.configs_differ},
+                 {"comet_split_us", r.split_us}, {"split_used", r.split_used},
+                 {"split_max_rel_diff", r.split_max_rel_diff},
                  {"verified", r.verified}});
   return j.dump(2);
 }

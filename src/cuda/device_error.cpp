@@ -17,6 +17,7 @@ const char* wait_role_name(WaitRole role) {
     case WaitRole::kRowOverflow: return "rows within the buffer bound";
     case WaitRole::kRepeatedExpert: return "each expert at most once per token";
     case WaitRole::kBadSchedule: return "GEMM tiles in whole clusters";
+    case WaitRole::kSplitPartial: return "the other part of a split GEMM tile";
   }
   return "unknown";
 }
@@ -27,11 +28,15 @@ std::string describe(const DeviceError& e) {
   if (e.role == int32_t(WaitRole::kBadSchedule)) {
     if (e.rank >= 0) os << "rank " << e.rank << " ";
     if (e.layer >= 0) os << "layer" << e.layer << " ";
-    os << "grouped GEMM: " << e.observed << " tiles are not whole clusters of " << e.expected
-       << " (a schedule built for another kernel configuration); no tile ran";
+    if (e.expected == 0)
+      os << "grouped GEMM: entry " << e.signal << " is a split piece whose workspace slots lie past this launch's "
+         << "(a schedule built for a larger grid); it ran nothing";
+    else
+      os << "grouped GEMM: " << e.observed << " tiles are not whole clusters of " << e.expected
+         << " (a schedule built for another kernel configuration); no tile ran";
     return os.str();
   }
-  if (e.role >= int32_t(WaitRole::kBadTokenCount)) {
+  if (e.role >= int32_t(WaitRole::kBadTokenCount) && e.role <= int32_t(WaitRole::kRepeatedExpert)) {
     os << "rank " << e.rank << ": bad input from rank " << e.signal << ": expected "
        << wait_role_name(WaitRole(e.role)) << " (bound " << e.expected << "), got " << e.observed;
     return os.str();

@@ -25,7 +25,11 @@ enum class WaitRole : int32_t {
   kRepeatedExpert = 8, // a token selects the same expert in two slots (`observed` = the expert)
   // A grouped GEMM with clusters given a tile count that is not whole clusters (`observed` = the
   // count, `expected` = the cluster size): a schedule built for another configuration.
+  // Or (`expected` = 0) a split piece whose workspace slots lie past the launch's (a schedule
+  // built for a larger grid): `signal` = the entry, `observed` = its GemmSplitRole.
   kBadSchedule = 9,
+  // A split tile's finishing entry waiting for one of its other parts (`signal` = the slot).
+  kSplitPartial = 10,
 };
 
 struct DeviceError {

@@ -9,6 +9,7 @@
 // - tail units (clusters of two only): for each expert with an odd M tile count, its last M
 //   tile's column blocks in pairs (n, n + 1); with an odd number of column blocks the last pair
 //   is (n, padding), the padding tile pointing at its partner's rows (grouped_gemm.h).
+// Without clusters, a GemmSplit may then cut the list's last tiles along K (below).
 #pragma once
 
 #include <cstdint>
@@ -74,9 +75,88 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* row_p
                                  : GemmTile{~m_row, n, e, m_row / kGemmBlockM};
 }
 
-// The whole list on the host (tests; the device builds it with build_gemm_tiles).
+// Split of a list of `tiles` whole tiles (GemmSplit). The first `whole` tiles, whole waves of
+// `slots`, run as listed. The other `rest` tiles (fewer than a slot-wave) are each cut into
+// `parts` equal k ranges, and the rest x parts pieces are dealt over the slots in part-major order
+// (gemm_split_entry): block b gets pieces b, b + G, ..., so every block gets as many pieces as
+// every other, within one. Unsplit, the last wave's blocks run up to ceil(rest / G) whole tiles
+// while the average is rest / G; split, ceil(rest x parts / G) / parts. `parts` is the count in
+// [2, kSplitMaxParts] with the shortest last wave, if it shortens it by at least kSplitMinGain of
+// a tile; else 1 (unsplit). Also unsplit: tiles of under kSplitMinKTiles k-tiles (a piece moves
+// a 64 or 128 KB fp32 partial through L2 twice, which short tiles do not repay).
+// Why pieces in part-major order and not stream-K's contiguous k ranges per slot: Mixtral's GEMM1
+// tiles need L2 reuse (7.3 MB of operands per 128 x 128 tile; a wave reads each A row block
+// for 4 column blocks at once). Stream-K slots start mid-tile at different k, so tiles that
+// share A are no longer read in step; measured on the H200 that was up to 15% slower than no
+// split (docs/results/2026-11-30-split-tiles.md). Here every round runs one part of consecutive
+// tiles, in step, as a wave of whole tiles does.
+struct GemmSplitPlan {
+  int64_t whole;    // entries before the split part (whole tiles, as listed)
+  int64_t rest;     // tiles after them, each cut into `parts`
+  int parts;        // 1: unsplit
+  int64_t entries;  // whole + rounds of `slots` entries holding rest x parts pieces
+};
+inline constexpr int kSplitMinKTiles = 32;
+inline constexpr double kSplitMinGain = 0.25;
+COMET_HOST_DEVICE inline GemmSplitPlan gemm_split_plan(int64_t tiles, const GemmSplit& split) {
+  const GemmSplitPlan unsplit{tiles, 0, 1, tiles};
+  const int64_t slots = split.slots(), blocks = split.blocks;
+  if (blocks <= 0 || split.k_tiles < kSplitMinKTiles) return unsplit;
+  const int64_t rest = tiles % slots, whole = tiles - rest;
+  // The last wave per block, in tiles: the largest piece count of a block over the parts.
+  auto last_wave = [&](int parts) { return double((rest * parts + blocks - 1) / blocks) / parts; };
+  int best = 1;
+  for (int parts = 2; parts <= kSplitMaxParts && parts <= split.k_tiles; ++parts)
+    if (last_wave(parts) < last_wave(best) - 1e-9) best = parts;
+  if (best == 1 || last_wave(1) - last_wave(best) < kSplitMinGain) return unsplit;
+  const int64_t pieces = rest * best, rounds = (pieces + slots - 1) / slots;
+  return {whole, rest, best, whole + rounds * slots};
+}
+
+// Entry e >= plan.whole of a split list: its tile and piece. Piece u = e - whole is part
+// u / rest of tile whole + u % rest, k-tiles [part x k_tiles / parts, (part + 1) x k_tiles /
+// parts); entries past the last piece are kIdle on a padding tile (a plain kernel given the list
+// then runs each piece as its whole tile and idles on the rest: the unsplit output, more work).
+// Entry e runs on block e % G (as every entry), so block b's pieces are b, b + G, ...
+// The tile's last part is its kFinish: it adds the other parts' partials, slots
+// [(tile - whole) x (parts - 1), + parts - 1), in part order, so the output is deterministic for
+// a given grid and differs from an unsplit list's only by the fp32 rounding of that sum. Every
+// other part is a kPartial into its slot. A finishing piece comes after all its tile's other
+// pieces in piece order, so it waits only on pieces of earlier rounds, or of its own round on
+// other blocks (on one block, entries run in list order). Partials wait on nothing, so no wait
+// can be part of a cycle. `tile_of(i)` gives list tile i (the unsplit list's entry).
+template <class TileOf>
+COMET_HOST_DEVICE inline void gemm_split_entry(int64_t e, const GemmSplitPlan& plan, const GemmSplit& split,
+                                               const TileOf& tile_of, GemmTile& tile, GemmSplitPiece& piece) {
+  const int64_t u = e - plan.whole;
+  piece = GemmSplitPiece{};
+  if (u >= plan.rest * plan.parts) {
+    tile = GemmTile{~0, 0, 0, 0};
+    piece.role = GemmSplitRole::kIdle;
+    return;
+  }
+  const int part = int(u / plan.rest);
+  const int64_t q = u % plan.rest, kt = split.k_tiles;
+  tile = tile_of(plan.whole + q);
+  piece.k_begin = int32_t(part * kt / plan.parts);
+  piece.k_count = int32_t((part + 1) * kt / plan.parts - piece.k_begin);
+  const int32_t first_slot = int32_t(q * (plan.parts - 1));
+  if (part + 1 < plan.parts) {
+    piece.role = GemmSplitRole::kPartial;
+    piece.partial = first_slot + part;
+  } else {
+    piece.role = GemmSplitRole::kFinish;
+    piece.partial = first_slot;
+    piece.partials = int16_t(plan.parts - 1);
+  }
+}
+
+// The whole list on the host (tests; the device builds it with build_gemm_tiles), split when
+// `split` asks and gemm_split_plan agrees (cluster 1 only); `pieces` (optional) gets each entry's
+// piece (kWhole for every entry of an unsplit list).
 inline std::vector<GemmTile> gemm_schedule_host(const std::vector<int>& rows_per_expert, int num_n_blocks,
-                                                int cluster, TileOrder order) {
+                                                int cluster, TileOrder order, const GemmSplit& split = {},
+                                                std::vector<GemmSplitPiece>* pieces = nullptr) {
   const int E = int(rows_per_expert.size());
   const std::vector<int32_t> rows(rows_per_expert.begin(), rows_per_expert.end());
   std::vector<int32_t> row_psum(E + 1), unit_psum(E + 1), tail_psum(E + 1);
@@ -86,7 +166,17 @@ inline std::vector<GemmTile> gemm_schedule_host(const std::vector<int>& rows_per
   for (int64_t u = 0; u < units; ++u)
     gemm_schedule_unit(u, row_psum.data(), unit_psum.data(), tail_psum.data(), E, num_n_blocks, cluster, order,
                        tiles.data() + u * cluster);
-  return tiles;
+  const GemmSplitPlan plan = cluster == 1 ? gemm_split_plan(units, split) : GemmSplitPlan{units * cluster, 0, 1, units * cluster};
+  if (pieces) pieces->assign(size_t(plan.entries), GemmSplitPiece{});
+  if (plan.parts == 1) return tiles;
+  std::vector<GemmTile> entries(tiles.begin(), tiles.begin() + plan.whole);
+  entries.resize(size_t(plan.entries));
+  for (int64_t e = plan.whole; e < plan.entries; ++e) {
+    GemmSplitPiece piece;
+    gemm_split_entry(e, plan, split, [&](int64_t i) { return tiles[size_t(i)]; }, entries[size_t(e)], piece);
+    if (pieces) (*pieces)[size_t(e)] = piece;
+  }
+  return entries;
 }
 
 }  // namespace comet::cuda

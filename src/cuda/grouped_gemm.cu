@@ -42,6 +42,15 @@ GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_exper
   return epilogue == GemmEpilogue::kSwiGlu ? GemmKernel::kPingpong128x128Cluster2x1 : GemmKernel::kPingpong128x128;
 }
 
+// From `comet bench gemm` on the H200 (docs/results/2026-11-30-split-tiles.md), split against
+// plain schedules of the same configuration, interleaved: ping-pong GEMM1 0.6-2.6% faster on
+// Mixtral (K = 14336) and Phi (K = 6400) where the list split; 2.0-2.7% slower on deepseek-v3's
+// GEMM1 (K = 2048); ping-pong GEMM0 +2% to -1% (its kAuto configuration, with clusters, cannot
+// split anyway).
+bool choose_gemm_split(GemmEpilogue epilogue, GemmKernel kernel, int k) {
+  return epilogue == GemmEpilogue::kIdentity && kernel == GemmKernel::kPingpong128x128 && k >= 4096;
+}
+
 GemmKernel resolve_gemm_kernel(const GroupedGemmArgs& a) {
   return a.kernel == GemmKernel::kAuto ? choose_gemm_kernel(a.epilogue, a.n, a.k, a.num_experts) : a.kernel;
 }
@@ -91,6 +100,21 @@ Status can_implement(const GroupedGemmArgs& a) {
        << ", not " << gemm_kernel_name(kernel);
     return Status::failure(os.str());
   }
+  if (a.split_blocks != 0 || a.split_pieces != nullptr || a.split_partials != nullptr || a.split_flags != nullptr) {
+    if (a.split_blocks < 1 || a.split_pieces == nullptr || a.split_partials == nullptr || a.split_flags == nullptr)
+      return Status::failure(
+          "grouped GEMM: a split schedule needs split_pieces, split_partials, split_flags and split_blocks together");
+    if (gemm_cluster_m(kernel) != 1) {
+      os << "grouped GEMM: " << gemm_kernel_name(kernel) << " runs clusters, which cannot split tiles";
+      return Status::failure(os.str());
+    }
+    if (a.wait_flags != nullptr || a.tile_claims != nullptr)
+      return Status::failure("grouped GEMM: a split schedule cannot take wait_flags or tile_claims");
+    if (a.num_blocks != 0 && a.num_blocks != a.split_blocks) {
+      os << "grouped GEMM: the split schedule was built for " << a.split_blocks << " blocks, not num_blocks=" << a.num_blocks;
+      return Status::failure(os.str());
+    }
+  }
   if (a.num_blocks != 0 && a.num_blocks % gemm_cluster_m(kernel) != 0) {
     os << "grouped GEMM: num_blocks=" << a.num_blocks << " is not a multiple of the cluster size "
        << gemm_cluster_m(kernel) << " of " << gemm_kernel_name(kernel);
@@ -106,48 +130,93 @@ std::vector<int> expert_row_offsets(const std::vector<int>& rows) {
   return offsets;
 }
 
-int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel) {
+int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel, const GemmSplit& split) {
   // Segments are padded inside max_rows, so rows bound the real tiles. The builder adds at most
   // one padding tile per expert; this bound (cluster - 1 per expert and column block) is looser
-  // than needed and cheap.
+  // than needed and cheap. A split list has at most kSplitMaxParts rounds of slots after its
+  // whole tiles.
   const int cluster = gemm_cluster_m(kernel);
-  return (int64_t(max_rows / kGemmBlockM) + int64_t(num_experts) * (cluster - 1)) * num_n_blocks;
+  return (int64_t(max_rows / kGemmBlockM) + int64_t(num_experts) * (cluster - 1)) * num_n_blocks +
+         int64_t(kSplitMaxParts) * split.slots();
 }
+
+GemmSplit gemm_split_for(GemmKernel kernel, int k, int num_blocks) {
+  COMET_CHECK(kernel != GemmKernel::kAuto, "gemm_split_for: resolve the kernel first (resolve_gemm_kernel)");
+  if (gemm_cluster_m(kernel) != 1) return {};
+  if (num_blocks <= 0) {
+    int device = 0;
+    COMET_CUDA_CHECK(cudaGetDevice(&device));
+    COMET_CUDA_CHECK(cudaDeviceGetAttribute(&num_blocks, cudaDevAttrMultiProcessorCount, device));
+  }
+  return GemmSplit{num_blocks, kernel == GemmKernel::kPingpong128x128 ? 2 : 1, (k + 63) / 64};
+}
+
+int64_t gemm_split_partial_floats(GemmKernel kernel, const GemmSplit& split) {
+  if (split.slots() == 0) return 0;
+  return gemm_split_flags(split) * kGemmBlockM * gemm_tile_n(kernel);
+}
+
 
 namespace {
 
 // One block: thread 0 takes the prefix sums over experts (E is at most a few hundred, so the
 // serial scan costs nothing next to a GEMM), then every thread writes units of the list that
-// cuda/gemm_schedule.h defines.
+// cuda/gemm_schedule.h defines (and, split, the split entries).
 __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, int cluster,
                                    TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
-                                   const int32_t* accepted) {
+                                   const int32_t* accepted, GemmSplit split, GemmSplitPiece* pieces) {
   extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, [E + 1] grid units, [E + 1] tail units
   int32_t* unit_psum = psum + num_experts + 1;
   int32_t* tail_psum = unit_psum + num_experts + 1;
   __shared__ int64_t units;
+  __shared__ GemmSplitPlan plan;
   if (threadIdx.x == 0) {
     units = gemm_schedule_prefixes(rows_per_expert, num_experts, num_n_blocks, cluster, psum, unit_psum, tail_psum);
     const bool refused = accepted != nullptr && *accepted == 0;  // a refused plan: an empty schedule
-    if (refused || units * cluster > capacity) units = 0;       // past capacity: the caller sized it wrong
-    *num_tiles = int32_t(units * cluster);
+    plan = cluster == 1 ? gemm_split_plan(units, split) : GemmSplitPlan{units * cluster, 0, 1, units * cluster};
+    if (refused || plan.entries > capacity) units = 0, plan = GemmSplitPlan{0, 0, 1, 0};  // past capacity: sized wrong
+    *num_tiles = int32_t(plan.entries);
   }
   __syncthreads();
-  for (int64_t u = threadIdx.x; u < units; u += blockDim.x)
-    gemm_schedule_unit(u, psum, unit_psum, tail_psum, num_experts, num_n_blocks, cluster, order, tiles + u * cluster);
+  if (cluster != 1 || plan.parts == 1) {  // unsplit (asked for a split: every piece whole)
+    for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+      gemm_schedule_unit(u, psum, unit_psum, tail_psum, num_experts, num_n_blocks, cluster, order, tiles + u * cluster);
+      if (pieces != nullptr) pieces[u] = GemmSplitPiece{};
+    }
+    return;
+  }
+  auto tile_of = [&](int64_t u) {
+    GemmTile t;
+    gemm_schedule_unit(u, psum, unit_psum, tail_psum, num_experts, num_n_blocks, 1, order, &t);
+    return t;
+  };
+  for (int64_t e = threadIdx.x; e < plan.entries; e += blockDim.x) {
+    if (e < plan.whole) {
+      tiles[e] = tile_of(e);
+      pieces[e] = GemmSplitPiece{};
+    } else {
+      gemm_split_entry(e, plan, split, tile_of, tiles[e], pieces[e]);
+    }
+  }
 }
 
 }  // namespace
 
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity, CUstream_st* stream,
-                      const int32_t* accepted) {
+                      const int32_t* accepted, const GemmSplit& split, GemmSplitPiece* pieces) {
   COMET_CHECK(num_experts >= 1 && num_n_blocks >= 1, "build_gemm_tiles: E=" << num_experts << ", n blocks=" << num_n_blocks);
   COMET_CHECK(kernel != GemmKernel::kAuto, "build_gemm_tiles: resolve the kernel first (resolve_gemm_kernel)");
   COMET_CHECK(gemm_cluster_m(kernel) <= 2, "build_gemm_tiles: clusters of 1 or 2 blocks");
+  COMET_CHECK(split.blocks == 0 || gemm_cluster_m(kernel) == 1,
+              "build_gemm_tiles: " << gemm_kernel_name(kernel) << " runs clusters, which cannot split tiles");
+  COMET_CHECK(split.blocks >= 0 && (split.tiles_per_block == 1 || split.tiles_per_block == 2) && split.k_tiles >= 0,
+              "build_gemm_tiles: bad split (blocks " << split.blocks << ", tiles per block " << split.tiles_per_block
+                                                      << ", k-tiles " << split.k_tiles << ")");
+  COMET_CHECK(split.blocks == 0 || pieces != nullptr, "build_gemm_tiles: a split needs `pieces`");
   const size_t smem = size_t(3 * (num_experts + 1)) * sizeof(int32_t);
   build_tiles_kernel<<<1, 512, smem, stream>>>(rows_per_expert, num_experts, num_n_blocks, gemm_cluster_m(kernel),
-                                               order, tiles, num_tiles, capacity, accepted);
+                                               order, tiles, num_tiles, capacity, accepted, split, pieces);
   COMET_CUDA_CHECK_LAUNCH();
 }
 

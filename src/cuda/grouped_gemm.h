@@ -69,13 +69,17 @@ int gemm_tile_n(GemmKernel kernel);
 // Blocks per cluster along M: consecutive schedule entries [c * m, c * m + m) run together.
 int gemm_cluster_m(GemmKernel kernel);
 GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_experts);
+// Whether kAuto's schedule for these shapes asks for a split (GemmSplit; the plan then splits
+// only a partial last wave): GEMM1 (identity epilogue) on ping-pong with K >= 4096.
+bool choose_gemm_split(GemmEpilogue epilogue, GemmKernel kernel, int k);
 
 // One unit of work: rows [m_row, m_row + kGemmBlockM) of A, output column block n_block of
 // expert `expert`; `signal` indexes wait_flags/wait_targets (ignored without them).
-// A padding tile (m_row < 0) exists only in cluster schedules: it completes the last pair of an
-// expert with an odd M tile count and an odd number of column blocks (build_gemm_tiles). Its
-// block loads A rows ~m_row (its partner's, so the load hits L2), takes its share of the B
-// multicast, computes, and stores nothing: no output, no wait, no done signal, no trace record.
+// A padding tile (m_row < 0) exists only in cluster and split schedules: it completes the last
+// pair of an expert with an odd M tile count and an odd number of column blocks
+// (build_gemm_tiles), or fills a split list's last round. Its block loads A rows ~m_row (its
+// partner's, so the load hits L2), takes its share of the B multicast, computes, and stores
+// nothing: no output, no wait, no done signal, no trace record.
 struct alignas(16) GemmTile {
   int32_t m_row;
   int32_t n_block;
@@ -84,6 +88,44 @@ struct alignas(16) GemmTile {
 };
 COMET_HOST_DEVICE inline bool gemm_tile_is_padding(const GemmTile& t) { return t.m_row < 0; }
 COMET_HOST_DEVICE inline int gemm_tile_a_row(const GemmTile& t) { return t.m_row < 0 ? ~t.m_row : t.m_row; }
+
+// Split schedules (GemmSplit below) cut the tiles of the last, partial wave along K: entry i of
+// the tile list then runs the part of its tile that piece i of `split_pieces` says. Kept apart
+// from GemmTile so that plain schedules, the fused kernels' included, keep 16-byte entries.
+enum class GemmSplitRole : int16_t {
+  kWhole = 0,    // the whole tile (every entry of an unsplit schedule)
+  kPartial = 1,  // k-tiles [k_begin, k_begin + k_count): writes its fp32 partial to slot `partial`
+                 // of the split workspace and release-sets that slot's flag
+  kFinish = 2,   // k-tiles [k_begin, k_begin + k_count), the tile's last: waits for the flags of
+                 // slots [partial, partial + partials), adds those partials in slot order, and
+                 // stores the tile (epilogue, done signal, trace) as a whole tile does
+  kIdle = 3,     // nothing (its tile is a padding tile): fills the last round of a split list
+};
+struct alignas(16) GemmSplitPiece {
+  int32_t k_begin = 0;
+  int32_t k_count = 0;
+  GemmSplitRole role = GemmSplitRole::kWhole;
+  int16_t partials = 0;  // kFinish: how many partial slots it adds
+  int32_t partial = -1;  // kPartial: its slot; kFinish: the first slot it adds
+};
+// The k-tiles a piece runs (k_tiles: the whole tile's); an idle piece runs none.
+COMET_HOST_DEVICE inline void gemm_piece_k_range(const GemmSplitPiece& p, int k_tiles, int& k_begin, int& k_count) {
+  k_begin = p.role == GemmSplitRole::kWhole ? 0 : p.k_begin;
+  k_count = p.role == GemmSplitRole::kWhole ? k_tiles : p.role == GemmSplitRole::kIdle ? 0 : p.k_count;
+}
+
+// A grid of `blocks` persistent blocks runs a schedule's tiles b, b + G, ... per block, so when the
+// tile count is not a multiple of the blocks, the last wave keeps some SMs one tile longer than
+// others (Mixtral's GEMM1 at 4096 tokens per rank: 2048 ping-pong tiles are 15.5 per SM, and the
+// slowest SMs run 16). A split schedule cuts that wave's tiles into equal k ranges dealt evenly
+// over the blocks (cuda/gemm_schedule.h, gemm_split_plan). blocks 0: no split.
+struct GemmSplit {
+  int blocks = 0;           // the launch's grid (GroupedGemmArgs::split_blocks must match)
+  int tiles_per_block = 1;  // tiles a block runs at once: 1 cooperative, 2 ping-pong
+  int k_tiles = 0;          // k-tiles of a whole tile: ceil(K / 64)
+  COMET_HOST_DEVICE int slots() const { return blocks * tiles_per_block; }
+};
+inline constexpr int kSplitMaxParts = 6;  // k ranges a split tile is cut into, at most
 
 // Both orders walk the (M tile, column block) grid in groups so that the ~132 tiles in flight
 // share few A row blocks and few B column blocks (L2 reuse: a wave of 16 M tiles x 8 column
@@ -125,6 +167,16 @@ struct GroupedGemmArgs {
   // tile t's signal (with wait_flags only). Null: not recorded, no cost beyond a null test.
   KernelTraceEvent* trace_tiles = nullptr;
   KernelTraceEvent* trace_waits = nullptr;
+  // Split schedules (GemmSplit) need their pieces (split_pieces, from build_gemm_tiles) and their
+  // workspace: split_partials,
+  // gemm_split_partial_floats(kernel, split) floats; split_flags, gemm_split_flags(split) words,
+  // zero before the first launch (every launch leaves them zero); split_blocks = split.blocks, the
+  // grid the schedule was built for (a launch on another grid is refused). Not with wait_flags
+  // or tile_claims (a split tile's parts must wait on nothing but each other), nor clusters.
+  const GemmSplitPiece* split_pieces = nullptr;
+  float* split_partials = nullptr;
+  uint64_t* split_flags = nullptr;
+  int split_blocks = 0;
   DeviceError* error = nullptr;     // required
   uint64_t timeout_ns = 5'000'000'000ull;
   int num_blocks = 0;               // 0: one per SM
@@ -146,8 +198,16 @@ void run_grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream);
 
 // Padded row offsets of expert segments: offsets[e] = sum_{e'<e} round_up(rows[e'], kGemmBlockM).
 std::vector<int> expert_row_offsets(const std::vector<int>& rows_per_expert);
-// Upper bound of GEMM tiles of a schedule for `kernel` (cluster schedules add padding tiles).
-int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel);
+// Upper bound of GEMM tiles of a schedule for `kernel` (cluster schedules add padding tiles, a
+// split adds up to kSplitMaxParts rounds of slots).
+int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKernel kernel, const GemmSplit& split = {});
+// The split for `kernel` at K on the current device: its grid (num_blocks, or one block per SM,
+// as run_grouped_gemm launches it) and slots per block; none ({}) for cluster configurations.
+GemmSplit gemm_split_for(GemmKernel kernel, int k, int num_blocks = 0);
+// A split schedule's workspace: flags (zero before the first launch; fewer than `slots` tiles
+// cut into at most kSplitMaxParts parts) and fp32 partial values (one tile per flag).
+inline int64_t gemm_split_flags(const GemmSplit& split) { return int64_t(split.slots()) * (kSplitMaxParts - 1); }
+int64_t gemm_split_partial_floats(GemmKernel kernel, const GemmSplit& split);
 
 // Device-side schedule for `kernel`: from rows_per_expert[E] (device), writes tiles and
 // *num_tiles. With clusters of two, entries 2u and 2u + 1 run together: first every expert's M
@@ -155,10 +215,14 @@ int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKern
 // an odd M tile count, its last M tile's column blocks in pairs (n, n + 1), the last completed
 // by a padding tile when the column blocks are odd in number. `capacity` bounds the tiles
 // written (*num_tiles = 0 past it). `accepted` (device, optional): when it reads 0 the schedule
-// is empty (a refused plan's rows are not in place).
+// is empty (a refused plan's rows are not in place). `split` (no clusters): cut the last wave's
+// tiles along K where gemm_split_plan says it pays (cuda/gemm_schedule.h), writing each entry's
+// piece to `pieces` (capacity entries); the launch then needs them and the split workspace
+// (GroupedGemmArgs).
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
-                      CUstream_st* stream, const int32_t* accepted = nullptr);
+                      CUstream_st* stream, const int32_t* accepted = nullptr, const GemmSplit& split = {},
+                      GemmSplitPiece* pieces = nullptr);
 
 // Host helper: pack gate [E][k][n] and up [E][k][n] (row-major, x W convention) into the
 // SwiGLU B layout above, as bf16 bits. The plain weight [E][k][n] -> [E][n][k] transpose

@@ -13,12 +13,23 @@ COMET_DECLARE_GEMM_LAUNCH(swiglu_pingpong)
 COMET_DECLARE_GEMM_LAUNCH(identity_pingpong)
 COMET_DECLARE_GEMM_LAUNCH(swiglu_pingpong_cluster2x1)
 COMET_DECLARE_GEMM_LAUNCH(identity_pingpong_cluster2x1)
+COMET_DECLARE_GEMM_LAUNCH(swiglu_cooperative_split)
+COMET_DECLARE_GEMM_LAUNCH(identity_cooperative_split)
+COMET_DECLARE_GEMM_LAUNCH(swiglu_pingpong_split)
+COMET_DECLARE_GEMM_LAUNCH(identity_pingpong_split)
 #undef COMET_DECLARE_GEMM_LAUNCH
 
 void run_grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   GroupedGemmArgs a = args;
   a.kernel = resolve_gemm_kernel(args);
   const bool swiglu = a.epilogue == GemmEpilogue::kSwiGlu;
+  if (a.split_blocks > 0) {  // split schedules: their own instantiations (clusters: refused by can_implement)
+    if (a.kernel == GemmKernel::kPingpong128x128)
+      return swiglu ? launch_grouped_gemm_swiglu_pingpong_split(a, stream) : launch_grouped_gemm_identity_pingpong_split(a, stream);
+    if (a.kernel == GemmKernel::kCooperative128x256)
+      return swiglu ? launch_grouped_gemm_swiglu_cooperative_split(a, stream)
+                    : launch_grouped_gemm_identity_cooperative_split(a, stream);
+  }
   switch (a.kernel) {
     case GemmKernel::kCooperative128x256Cluster2x1:
       return swiglu ? launch_grouped_gemm_swiglu_cooperative_cluster2x1(a, stream)

@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(Gemm::kThreads, 1)
       // produces no signal anyone still waits for, so joining late cannot deadlock).
       if (g.tile_claims != nullptr) {
         __syncthreads();  // shared memory (psum) becomes the GEMM's
-        Gemm::run_block(g, 0, 1, smem);
+        Gemm::template run_block<false>(g, 0, 1, smem);
       }
     } else {
       combine_rows(f, psum, warp, f.n_comm * warps);
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(Gemm::kThreads, 1)
     if constexpr (kLayer == 1)
       if (f.combine_claims != nullptr && !f.stall) combine_rows(f, f.plan.recv_psum, 0, 1);
   };
-  Gemm::run_block(g, int(blockIdx.x) - f.n_comm, int(gridDim.x) - f.n_comm, smem, join_combine);
+  Gemm::template run_block<false>(g, int(blockIdx.x) - f.n_comm, int(gridDim.x) - f.n_comm, smem, join_combine);
 }
 
 // Cooperative launch on one block per SM: every block must be resident, since GEMM blocks wait

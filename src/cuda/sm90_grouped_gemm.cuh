@@ -128,6 +128,10 @@ struct GroupedGemmKernel {
     const uint64_t* wait_flags;
     const uint64_t* wait_targets;
     uint64_t* done_flags;
+    const GemmSplitPiece* split_pieces;
+    float* split_partials;
+    uint64_t* split_flags;
+    int split_flag_count;  // the workspace's slots for this grid (gemm_split_flags)
     unsigned* tile_claims;
     int claim_blocks;  // blocks that claim tiles in this launch (make_params)
     uint64_t* tile_end_ns;
@@ -170,6 +174,10 @@ struct GroupedGemmKernel {
     p.wait_flags = args.wait_flags;
     p.wait_targets = args.wait_targets;
     p.done_flags = args.done_flags;
+    p.split_pieces = args.split_pieces;
+    p.split_partials = args.split_partials;
+    p.split_flags = args.split_flags;
+    p.split_flag_count = args.split_blocks > 0 ? args.split_blocks * (kPingpong ? 2 : 1) * (kSplitMaxParts - 1) : 0;
     p.tile_claims = args.tile_claims;
     p.tile_end_ns = args.tile_end_ns;
     p.trace_tiles = args.trace_tiles;
@@ -191,7 +199,12 @@ struct GroupedGemmKernel {
   struct NoWork {
     __device__ void operator()() const {}
   };
-  template <class AfterTiles = NoWork>
+  // kSplitTiles = false compiles the split roles out: every entry is a whole tile and no piece is
+  // read (with the split roles compiled in, the ping-pong GEMM0 ran 3-5% slower on unsplit
+  // schedules, docs/results/2026-11-30-split-tiles.md). Split schedules launch their own
+  // instantiation (one translation unit each, sm90_grouped_gemm_*_split.cu); the fused kernels,
+  // whose schedules the layer's plan builds unsplit, take false.
+  template <bool kSplitTiles, class AfterTiles = NoWork>
   static __device__ void run_block(const Params& p, int gemm_block, int num_gemm_blocks, char* smem,
                                    const AfterTiles& after_tiles = {}) {
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
@@ -236,19 +249,18 @@ struct GroupedGemmKernel {
       // Step 1 (producer): the other three warps give their registers away and leave.
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if (warp_in_group != 0) return;
-      produce(p, shared, pipeline, queue, gemm_block, num_gemm_blocks, num_tiles);
+      produce<kSplitTiles>(p, shared, pipeline, queue, gemm_block, num_gemm_blocks, num_tiles);
       return;
     }
 
     // Step 2 (consumers): mainloop through the collective, then our epilogue. Both warpgroups
     // read every queue entry; in ping-pong, warpgroup w runs entries w, w + 2, ... and its
-    // pipeline reads skip the other's tiles (every tile has k_tiles stages).
+    // pipeline reads skip the other's entries (as many stages as that entry has k-tiles).
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     const int consumer = warp_group - 1;
     const int mma_thread = kPingpong ? thread_idx % 128 : thread_idx - 128;  // index in the tile's MMA
     Mainloop mainloop;
     PipelineState read_state;
-    if (kPingpong && consumer == 1) read_state.advance(p.k_tiles);
     TiledMma tiled_mma;
     QueueState queue_state;
     for (int entry = 0;; ++entry) {
@@ -257,22 +269,49 @@ struct GroupedGemmKernel {
       queue.consumer_release(queue_state);
       ++queue_state;
       if (t < 0) break;
-      if (kPingpong && entry % 2 != consumer) continue;
+      if (kPingpong && entry % 2 != consumer) {  // the other warpgroup's: skip its stages
+        read_state.advance(entry_piece<kSplitTiles>(p, t).k_count);
+        continue;
+      }
       const GemmTile tile = p.tiles[t];
-      // Padding tiles exist only in cluster schedules; tested for every kernel, so that such a
-      // schedule run by the wrong configuration never stores at a negative row.
-      const bool padding = gemm_tile_is_padding(tile);
+      const GemmSplitPiece piece = entry_piece<kSplitTiles>(p, t);
+      const GemmSplitRole role = piece.role;
+      const int k_count = piece.k_count;
+      if (role == GemmSplitRole::kIdle) {
+        if constexpr (kPingpong) {  // keep the turns: the other warpgroup waits for them
+          math_order.wait();
+          math_order.arrive();
+          math_order.wait();
+          math_order.arrive();
+        }
+        continue;
+      }
+      // Padding tiles exist only in cluster schedules (and under a split list's idle pieces);
+      // tested for every kernel, so that such a schedule run by the wrong configuration never
+      // stores at a negative row. A kPartial entry stores no output either: its sum goes to the
+      // split workspace.
+      const bool stores = !gemm_tile_is_padding(tile) && role != GemmSplitRole::kPartial;
       // The tile's trace record opens in memory (no register kept across the mainloop).
-      if (p.trace_tiles != nullptr && mma_thread == 0 && !padding) p.trace_tiles[t].begin_ns = globaltimer_ns();
+      if (p.trace_tiles != nullptr && mma_thread == 0 && stores) p.trace_tiles[t].begin_ns = globaltimer_ns();
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
       if constexpr (kPingpong) math_order.wait();  // this warpgroup's turn on the tensor cores
-      mainloop.mma(pipeline, read_state, accum, p.k_tiles, mma_thread, shared.tensors, p.mainloop);
+      mainloop.mma(pipeline, read_state, accum, k_count, mma_thread, shared.tensors, p.mainloop);
       if constexpr (kPingpong) math_order.arrive();
-      mainloop.mma_tail(pipeline, read_state, p.k_tiles);
-      read_state.advance(p.k_tiles * (kPingpong ? 2 : 1));
+      mainloop.mma_tail(pipeline, read_state, k_count);
+      read_state.advance(k_count);
+      // A partial goes out before the epilogue turn (it needs no staging buffer), so a finishing
+      // entry that holds the turn while it waits never blocks a partial it waits for.
+      if (role == GemmSplitRole::kPartial) {
+        write_partial(p, piece.partial, accum, mma_thread);
+        cutlass::arch::NamedBarrier::sync(kMmaThreads, kPingpong ? 2 + consumer : 1);
+        if (mma_thread == 0) {
+          __threadfence();
+          red_release_gpu(p.split_flags + piece.partial, 1);
+        }
+      }
       if constexpr (kPingpong) math_order.wait();  // this warpgroup's turn on the staging buffer
-      // A padding tile was computed only to keep the cluster's B multicast in step.
-      if (!padding) {
+      if (stores) {  // (a padding tile was computed only to keep the cluster's B multicast in step)
+        if (role == GemmSplitRole::kFinish) add_partials(p, piece, accum, mma_thread, consumer);
         store_tile(p, tile, tiled_mma, accum, mma_thread, consumer, shared.stage);
         if (p.done_flags != nullptr || p.tile_end_ns != nullptr || p.trace_tiles != nullptr) {
           // Every thread of the tile has stored; one publishes (release) for the whole tile.
@@ -291,6 +330,7 @@ struct GroupedGemmKernel {
     after_tiles();
   }
 
+  template <bool kSplitTiles>
   static __device__ void produce(const Params& p, SharedStorage& shared, Pipeline& pipeline, TileQueue& queue,
                                  int gemm_block, int num_gemm_blocks, int num_tiles) {
     Tensor mA = p.mainloop.tma_load_a.get_tma_tensor(make_shape(p.max_rows, p.k, 1));
@@ -340,6 +380,12 @@ struct GroupedGemmKernel {
       ++queue_state;
       if (t < 0) break;
       const GemmTile tile = p.tiles[t];
+      const GemmSplitPiece piece = entry_piece<kSplitTiles>(p, t);
+      if constexpr (kSplitTiles) {
+        if (leader && piece.role == GemmSplitRole::kIdle && p.split_pieces[t].role != GemmSplitRole::kIdle)
+          record_timeout(p.error, WaitSite{p.rank, p.layer, WaitRole::kBadSchedule, t}, 0, uint64_t(p.split_pieces[t].role));
+      }
+      const int k_begin = piece.k_begin, k_count = piece.k_count;
       if (leader && p.wait_flags != nullptr && !gemm_tile_is_padding(tile)) {
         const WaitSite site{p.rank, p.layer, WaitRole::kGemmTileInput, tile.signal};
         const uint64_t wait_begin = p.trace_waits != nullptr ? globaltimer_ns() : 0;
@@ -361,7 +407,7 @@ struct GroupedGemmKernel {
       }
       const uint16_t mask_b = kClusterM == 1 ? uint16_t(0) : share_b ? multicast_b : own_b;
       if (leader) {
-        for (int k = 0; k < p.k_tiles; ++k) {
+        for (int k = k_begin; k < k_begin + k_count; ++k) {
           pipeline.producer_acquire(write_state);
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();
@@ -375,6 +421,73 @@ struct GroupedGemmKernel {
       __syncwarp();
     }
     if (leader) pipeline.producer_tail(write_state);
+  }
+
+  // What this launch runs of entry t: the whole tile (plain kernels: no split state is read), or
+  // its piece with k_begin and k_count filled in; a split piece whose workspace slots the launch
+  // lacks (a schedule built for a larger grid) becomes kIdle (the producer records
+  // kBadSchedule), so no flag or partial is touched out of bounds. Producer and consumers decide
+  // alike, so their stage counts agree.
+  template <bool kSplitTiles>
+  static __device__ GemmSplitPiece entry_piece(const Params& p, int t) {
+    GemmSplitPiece whole;
+    whole.k_count = p.k_tiles;
+    if constexpr (!kSplitTiles) {
+      return whole;
+    } else {
+      GemmSplitPiece piece = p.split_pieces[t];
+      if (piece.role == GemmSplitRole::kWhole) return whole;
+      if (piece.role == GemmSplitRole::kIdle) {
+        piece.k_count = 0;
+        return piece;
+      }
+      const int end = piece.partial + (piece.role == GemmSplitRole::kFinish ? int(piece.partials) : 1);
+      if (piece.partial < 0 || piece.partials < 0 || end > p.split_flag_count) {
+        piece.role = GemmSplitRole::kIdle;
+        piece.k_count = 0;
+      }
+      return piece;
+    }
+  }
+
+  // Split workspace slot: the tile's fp32 accumulators in fragment order, 16 bytes per thread
+  // per step (consecutive threads, consecutive 16 bytes: whole-line stores). The kFinish entry
+  // runs the same TiledMma with the same thread indices, so it reads back its own fragment.
+  static constexpr int kPartialFloats = kTileM * kTileN;
+  template <class Accum>
+  static __device__ void write_partial(const Params& p, int slot, const Accum& accum, int mma_thread) {
+    float4* out = reinterpret_cast<float4*>(p.split_partials + int64_t(slot) * kPartialFloats) + mma_thread;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); i += 4)
+      __stcg(out + (i / 4) * kMmaThreads, make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3)));
+  }
+  // Adds the tile's other parts (slots [partial, partial + partials), written by kPartial
+  // entries that each release-added 1 to their flag) in slot order, after this entry's own
+  // k-tiles, then clears the flags for the next launch (nothing else touches them in this one).
+  // One thread acquires, the named barrier passes the ordering on; reads bypass L1 (other SMs
+  // wrote them).
+  template <class Accum>
+  static __device__ void add_partials(const Params& p, const GemmSplitPiece& piece, Accum& accum, int mma_thread,
+                                      int consumer) {
+    if (mma_thread == 0) {
+      for (int j = 0; j < piece.partials; ++j) {
+        const int slot = piece.partial + j;
+        wait_at_least(p.split_flags + slot, 1, p.timeout_ns, p.error, WaitSite{p.rank, p.layer, WaitRole::kSplitPartial, slot});
+        p.split_flags[slot] = 0;
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(kMmaThreads, kPingpong ? 2 + consumer : 1);
+    for (int j = 0; j < piece.partials; ++j) {
+      const float4* in = reinterpret_cast<const float4*>(p.split_partials + int64_t(piece.partial + j) * kPartialFloats) + mma_thread;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 4) {
+        const float4 v = __ldcg(in + (i / 4) * kMmaThreads);
+        accum(i) += v.x;
+        accum(i + 1) += v.y;
+        accum(i + 2) += v.z;
+        accum(i + 3) += v.w;
+      }
+    }
   }
 
   // Registers -> bf16 in shared memory -> coalesced global stores. The accumulator fragment of
@@ -446,10 +559,10 @@ struct GroupedGemmKernel {
   static __device__ __forceinline__ int partner_index(int i) { return i + 4 * (kSwiGluPack / 8); }
 };
 
-template <class Kernel>
+template <class Kernel, bool kSplitTiles>
 __global__ void __launch_bounds__(Kernel::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ typename Kernel::Params p) {
   extern __shared__ __align__(128) char smem[];
-  Kernel::run_block(p, int(blockIdx.x), int(gridDim.x), smem);
+  Kernel::template run_block<kSplitTiles>(p, int(blockIdx.x), int(gridDim.x), smem);
 }
 
 }  // namespace comet::cuda::sm90

@@ -35,7 +35,7 @@ cudaLaunchConfig_t cluster_launch_config(int blocks, cudaStream_t stream, cudaLa
 // Blocks of a launch: args.num_blocks, or one per SM; with clusters, as many whole clusters as
 // can be resident at once (a persistent grid must never wait for a second wave), which can be
 // fewer than SMs / cluster size when a GPC's free SMs do not pair up.
-template <class Kernel>
+template <class Kernel, bool kSplitTiles>
 int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
   if (args.num_blocks > 0) return args.num_blocks;
   if constexpr (Kernel::kClusterM == 1) {
@@ -47,7 +47,7 @@ int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
       cudaLaunchAttribute cluster;
       const cudaLaunchConfig_t config =
           cluster_launch_config<Kernel>(num_sms / Kernel::kClusterM * Kernel::kClusterM, nullptr, cluster);
-      COMET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<Kernel>, &config));
+      COMET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<Kernel, kSplitTiles>, &config));
       COMET_CHECK(clusters > 0, "grouped GEMM: no cluster of " << Kernel::kClusterM << " blocks fits on device " << device);
       resident[device].store(clusters, std::memory_order_relaxed);
     }
@@ -55,8 +55,11 @@ int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
   }
 }
 
-template <class Kernel>
+// kSplitTiles: the instantiation for split schedules (args.split_blocks > 0); the plain one
+// refuses them, the split one is built for the configurations without clusters only.
+template <class Kernel, bool kSplitTiles = false>
 void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
+  static_assert(!kSplitTiles || Kernel::kClusterM == 1, "clusters cannot split tiles");
   const Status ok = can_implement(args);
   COMET_CHECK(ok.ok, "grouped GEMM cannot run: " << ok.reason);
   int device = 0, num_sms = 0;
@@ -65,18 +68,22 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   static std::array<std::atomic<bool>, kMaxDevices> attribute_set{};  // per configuration and device
   COMET_CHECK(device < kMaxDevices, "grouped GEMM: device " << device << " beyond " << kMaxDevices);
   if (!attribute_set[device].load(std::memory_order_relaxed)) {
-    COMET_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    COMET_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Kernel, kSplitTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           Kernel::kSmemBytes));
     attribute_set[device].store(true, std::memory_order_relaxed);
   }
-  const int blocks = grouped_gemm_blocks<Kernel>(args, device, num_sms);
+  COMET_CHECK((args.split_blocks > 0) == kSplitTiles, "grouped GEMM: a " << (kSplitTiles ? "split" : "plain")
+                                                         << " launcher given " << (kSplitTiles ? "no " : "") << "split schedule");
+  const int blocks = grouped_gemm_blocks<Kernel, kSplitTiles>(args, device, num_sms);
+  COMET_CHECK(args.split_blocks == 0 || args.split_blocks == blocks,
+              "grouped GEMM: the split schedule was built for " << args.split_blocks << " blocks; this launch runs " << blocks);
   const typename Kernel::Params params = Kernel::make_params(args, blocks);
   if constexpr (Kernel::kClusterM == 1) {
-    grouped_gemm_kernel<Kernel><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+    grouped_gemm_kernel<Kernel, kSplitTiles><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
   } else {
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config = cluster_launch_config<Kernel>(blocks, stream, cluster);
-    COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel>, params));
+    COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel, kSplitTiles>, params));
   }
   COMET_CUDA_CHECK_LAUNCH();
 }

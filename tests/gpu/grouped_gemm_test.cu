@@ -121,27 +121,37 @@ double oracle_element(const GemmProblem& p, int row, int col) {
 }
 
 // A problem on the device: operands, a poisoned output, a zeroed error record, and the schedule
-// for the case's kernel in `order` (built on the default stream). args() holds what every test
-// shares; each adds its waits, signals or claims.
+// for the case's kernel in `order` (built on the default stream; with `split`, a split schedule
+// and its workspace). args() holds what every test shares; each adds its waits, signals or claims.
 struct DeviceGemm {
   DeviceBuffer<uint16_t> a, b, d;
   DeviceBuffer<int32_t> rows;
   int num_n_blocks = 0;
+  GemmSplit split;
   int64_t capacity = 0;
   DeviceBuffer<GemmTile> tiles;
   DeviceBuffer<int32_t> num_tiles{1};
   DeviceBuffer<DeviceError> error{1};
+  DeviceBuffer<GemmSplitPiece> split_pieces;
+  DeviceBuffer<float> split_partials;
+  DeviceBuffer<uint64_t> split_flags;
 
-  DeviceGemm(const GemmProblem& p, TileOrder order)
+  DeviceGemm(const GemmProblem& p, TileOrder order, const GemmSplit& split_ = {})
       : a(p.a_bits), b(p.b_bits), d(size_t(p.max_rows) * p.c.n),
         rows(std::vector<int32_t>(p.c.rows.begin(), p.c.rows.end())),
         num_n_blocks(gemm_num_n_blocks(p.c.epilogue, p.c.n, p.c.kernel)),
-        capacity(max_gemm_tiles(p.max_rows, int(p.c.rows.size()), num_n_blocks, p.c.kernel)),
-        tiles(capacity) {
+        split(split_),
+        capacity(max_gemm_tiles(p.max_rows, int(p.c.rows.size()), num_n_blocks, p.c.kernel, split)),
+        tiles(capacity),
+        split_pieces(split_.blocks > 0 ? capacity : 0),
+        split_partials(size_t(gemm_split_partial_floats(p.c.kernel, split))),
+        split_flags(size_t(gemm_split_flags(split))) {
     d.poison();
     error.zero();
+    split_partials.poison();
+    split_flags.zero();
     build_gemm_tiles(rows.get(), int(p.c.rows.size()), num_n_blocks, p.c.kernel, order, tiles.get(), num_tiles.get(),
-                     capacity, nullptr);
+                     capacity, nullptr, nullptr, split, split_pieces.get());
   }
   GroupedGemmArgs args(const GemmProblem& p) const {
     GroupedGemmArgs g;
@@ -157,12 +167,19 @@ struct DeviceGemm {
     g.tiles = tiles.get();
     g.num_tiles = num_tiles.get();
     g.error = error.get();
+    if (split.blocks > 0) {
+      g.split_pieces = split_pieces.get();
+      g.split_partials = split_partials.get();
+      g.split_flags = split_flags.get();
+      g.split_blocks = g.num_blocks = split.blocks;
+    }
     return g;
   }
 };
 
 struct GemmRun {
   std::vector<uint16_t> d;
+  std::vector<uint16_t> first_d;  // claimed or split: the first of the two launches' outputs
   std::vector<float> reference;
   DeviceError error;
   int num_tiles = 0;
@@ -170,10 +187,11 @@ struct GemmRun {
 };
 
 // How the tiles are handed out: static (block b runs b, b+G, ...) or claimed from a counter;
-// num_blocks 0 is one block per SM.
+// num_blocks 0 is one block per SM; split: a split schedule for that grid.
 struct TileDealing {
   bool claimed = false;
   int num_blocks = 0;
+  bool split = false;
 };
 
 struct SignalSetup {
@@ -183,7 +201,7 @@ struct SignalSetup {
 GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signals = nullptr,
                  uint64_t timeout_ns = 2'000'000'000ull, TileDealing dealing = {}) {
   const GemmCase& c = p.c;
-  DeviceGemm g(p, order);
+  DeviceGemm g(p, order, dealing.split ? gemm_split_for(c.kernel, c.k, dealing.num_blocks) : GemmSplit{});
   GroupedGemmArgs args = g.args(p);
   args.timeout_ns = timeout_ns;
   DeviceBuffer<uint64_t> flags, targets;
@@ -196,15 +214,16 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
   DeviceBuffer<unsigned> claims(1);
   claims.zero();
   if (dealing.claimed) args.tile_claims = claims.get();
-  args.num_blocks = dealing.num_blocks;
+  if (!dealing.split) args.num_blocks = dealing.num_blocks;
+  GemmRun out;
   run_grouped_gemm(args, nullptr);
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
-  if (dealing.claimed) {  // again on the same counter: the output comes from this launch
+  if (dealing.claimed || dealing.split) {  // again on the same counter or flags: the output comes from this launch
+    out.first_d = g.d.download();
     g.d.poison();
     run_grouped_gemm(args, nullptr);
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  GemmRun out;
   out.claims = claims.download()[0];
   out.d = g.d.download();
   out.error = g.error.download()[0];
@@ -349,24 +368,40 @@ TEST(GroupedGemm, DeviceScheduleIsTheHostOne) {
   DeviceBuffer<int32_t> rows(std::vector<int32_t>(expert_rows.begin(), expert_rows.end()));
   for (GemmKernel kernel : kKernels)
   for (TileOrder order : {TileOrder::kRowMajor, TileOrder::kColumnBlockMajor})
-  for (int nb : {4, 5}) {
+  for (int nb : {4, 5})
+  for (int split_blocks : {0, 7}) {  // 7 blocks: 31 M tiles x 4 or 5 column blocks split (4 or 6 parts)
+    if (split_blocks > 0 && gemm_cluster_m(kernel) != 1) continue;
     SCOPED_TRACE(std::string(gemm_kernel_name(kernel)) + (order == TileOrder::kRowMajor ? " row-major" : " column-major") +
-                 " column blocks " + std::to_string(nb));
-    const int64_t capacity = max_gemm_tiles(max_rows, E, nb, kernel);
+                 " column blocks " + std::to_string(nb) + " split blocks " + std::to_string(split_blocks));
+    const GemmSplit split = split_blocks > 0 ? gemm_split_for(kernel, 64 * 40, split_blocks) : GemmSplit{};
+    const int64_t capacity = max_gemm_tiles(max_rows, E, nb, kernel, split);
     DeviceBuffer<GemmTile> tiles(capacity);
+    DeviceBuffer<GemmSplitPiece> pieces(split_blocks > 0 ? capacity : 0);
     DeviceBuffer<int32_t> num_tiles(1);
-    build_gemm_tiles(rows.get(), E, nb, kernel, order, tiles.get(), num_tiles.get(), capacity, nullptr);
+    build_gemm_tiles(rows.get(), E, nb, kernel, order, tiles.get(), num_tiles.get(), capacity, nullptr, nullptr, split,
+                     pieces.get());
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<GemmTile> want = gemm_schedule_host(expert_rows, nb, gemm_cluster_m(kernel), order);
+    std::vector<GemmSplitPiece> want_pieces;
+    const std::vector<GemmTile> want =
+        gemm_schedule_host(expert_rows, nb, gemm_cluster_m(kernel), order, split, &want_pieces);
+    if (split_blocks > 0) ASSERT_GT(want.size(), size_t(31 * nb)) << "the case does not split";
     const int n = num_tiles.download()[0];
     ASSERT_EQ(size_t(n), want.size());
     ASSERT_LE(n, capacity);
     const std::vector<GemmTile> got = tiles.download();
+    const std::vector<GemmSplitPiece> got_pieces = pieces.download();
     for (int t = 0; t < n; ++t) {
       ASSERT_EQ(got[t].m_row, want[t].m_row) << "entry " << t;
       ASSERT_EQ(got[t].n_block, want[t].n_block) << "entry " << t;
       ASSERT_EQ(got[t].expert, want[t].expert) << "entry " << t;
       ASSERT_EQ(got[t].signal, want[t].signal) << "entry " << t;
+      if (split_blocks == 0) continue;
+      const GemmSplitPiece &g = got_pieces[t], &w = want_pieces[t];
+      ASSERT_EQ(g.role, w.role) << "entry " << t;
+      ASSERT_EQ(g.k_begin, w.k_begin) << "entry " << t;
+      ASSERT_EQ(g.k_count, w.k_count) << "entry " << t;
+      ASSERT_EQ(g.partial, w.partial) << "entry " << t;
+      ASSERT_EQ(g.partials, w.partials) << "entry " << t;
     }
   }
 }
@@ -392,6 +427,55 @@ TEST(GroupedGemm, ClaimedTilesMatchStaticTilesBitwise) {
       EXPECT_EQ(claimed.d, fixed.d) << "claimed tiles changed the output";
     }
   }
+}
+
+// Split schedules on small grids, where a few hundred rows make several waves: on the grids
+// where the list splits (at least one per configuration and epilogue), the output matches the
+// references, and a second launch on the same flags gives the same output bit for bit (the first
+// left every flag zero). K = 2120 (34 k-tiles, the last a zero-filled tail) cuts unequal k ranges.
+TEST(GroupedGemm, SplitTilesMatchTheReferenceAndRepeat) {
+  COMET_REQUIRE_GPU();
+  for (GemmKernel kernel : {GemmKernel::kPingpong128x128, GemmKernel::kCooperative128x256})
+  for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
+    const GemmCase c{"split", epilogue, 2120, 640, {300, 0, 517, 129, 1}, 17, kernel};
+    const GemmProblem p = make_gemm_problem(c);
+    int split_grids = 0;
+    for (int blocks : {3, 4, 7}) {
+      SCOPED_TRACE(c.describe() + " blocks " + std::to_string(blocks));
+      const GemmSplit split = gemm_split_for(kernel, c.k, blocks);
+      const int nb = gemm_num_n_blocks(epilogue, c.n, kernel);
+      std::vector<GemmSplitPiece> pieces;
+      const std::vector<GemmTile> list = gemm_schedule_host(c.rows, nb, 1, TileOrder::kColumnBlockMajor, split, &pieces);
+      if (std::none_of(pieces.begin(), pieces.end(), [](const GemmSplitPiece& q) { return q.role == GemmSplitRole::kFinish; }))
+        continue;
+      ++split_grids;
+      const GemmRun run = run_case(p, TileOrder::kColumnBlockMajor, nullptr, 2'000'000'000ull, {false, blocks, true});
+      EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
+      EXPECT_EQ(run.num_tiles, int(list.size()));
+      check_run(p, run);
+      EXPECT_EQ(run.first_d, run.d) << "a second launch gave another output";
+    }
+    EXPECT_GE(split_grids, 1) << c.describe() << ": no grid splits; choose other rows";
+  }
+}
+
+// A split list launched without its pieces and workspace runs on the plain kernel: each piece as
+// its whole tile, idle pieces as padding, so the output is the unsplit list's, bit for bit.
+TEST(GroupedGemm, SplitListOnThePlainKernelGivesTheUnsplitOutput) {
+  COMET_REQUIRE_GPU();
+  const GemmCase c{"split", GemmEpilogue::kIdentity, 2120, 640, {300, 0, 517, 129, 1}, 17, GemmKernel::kPingpong128x128};
+  const GemmProblem p = make_gemm_problem(c);
+  DeviceGemm g(p, TileOrder::kColumnBlockMajor, gemm_split_for(c.kernel, c.k, 3));
+  GroupedGemmArgs args = g.args(p);
+  args.split_pieces = nullptr;
+  args.split_partials = nullptr;
+  args.split_flags = nullptr;
+  args.split_blocks = 0;
+  run_grouped_gemm(args, nullptr);
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(g.error.download()[0].claimed, 0);
+  EXPECT_GT(g.num_tiles.download()[0], 11 * 5) << "the list is not split";
+  EXPECT_EQ(g.d.download(), run_case(p, TileOrder::kColumnBlockMajor).d);
 }
 
 TEST(GroupedGemm, KAndNTailsAreZeroFilled) {
@@ -500,6 +584,33 @@ TEST(GroupedGemm, CanImplementRefusesBadShapes) {
   EXPECT_NE(s.reason.find("num_blocks=7"), std::string::npos) << s.reason;
   a.num_blocks = 8;
   EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
+  // Split schedules: the whole workspace, no clusters, no waits or claims, their own grid.
+  float partials = 0;
+  uint64_t flags = 0;
+  a.kernel = GemmKernel::kPingpong128x128;
+  a.num_blocks = 0;
+  GemmSplitPiece piece;
+  a.split_partials = &partials;
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("together"), std::string::npos) << s.reason;
+  a.split_flags = &flags;
+  a.split_pieces = &piece;
+  a.split_blocks = 132;
+  EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
+  a.num_blocks = 66;
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("built for 132 blocks"), std::string::npos) << s.reason;
+  a.num_blocks = 0;
+  a.tile_claims = &counter;
+  a.kernel = GemmKernel::kCooperative128x256;
+  EXPECT_FALSE(can_implement(a).ok);
+  a.tile_claims = nullptr;
+  a.kernel = GemmKernel::kPingpong128x128Cluster2x1;
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("cannot split"), std::string::npos) << s.reason;
 }
 
 TEST(GroupedGemm, DescribesAScheduleOfAnotherConfiguration) {  // host only
@@ -513,6 +624,29 @@ TEST(GroupedGemm, DescribesAScheduleOfAnotherConfiguration) {  // host only
   EXPECT_EQ(describe(e),
             "rank 2 layer0 grouped GEMM: 7 tiles are not whole clusters of 2 (a schedule built for another kernel "
             "configuration); no tile ran");
+}
+
+// kAuto splits GEMM1 on ping-pong at long K only (where it measured faster).
+TEST(GroupedGemm, AutoSplitsLongKGemm1Only) {  // host only
+  EXPECT_TRUE(choose_gemm_split(GemmEpilogue::kIdentity, GemmKernel::kPingpong128x128, 14336));
+  EXPECT_TRUE(choose_gemm_split(GemmEpilogue::kIdentity, GemmKernel::kPingpong128x128, 6400));
+  EXPECT_FALSE(choose_gemm_split(GemmEpilogue::kIdentity, GemmKernel::kPingpong128x128, 2048));
+  EXPECT_FALSE(choose_gemm_split(GemmEpilogue::kSwiGlu, GemmKernel::kPingpong128x128, 14336));
+  EXPECT_FALSE(choose_gemm_split(GemmEpilogue::kIdentity, GemmKernel::kPingpong128x128Cluster2x1, 14336));
+  const GemmKernel gemm1 = choose_gemm_kernel(GemmEpilogue::kIdentity, 4096, 14336, 1);
+  EXPECT_TRUE(choose_gemm_split(GemmEpilogue::kIdentity, gemm1, 14336)) << gemm_kernel_name(gemm1);
+}
+
+TEST(GroupedGemm, DescribesASplitPiecePastTheWorkspace) {  // host only
+  DeviceError e;
+  e.claimed = 1;
+  e.role = int(WaitRole::kBadSchedule);
+  e.signal = 40;
+  e.expected = 0;
+  e.observed = uint64_t(GemmSplitRole::kPartial);
+  EXPECT_EQ(describe(e),
+            "grouped GEMM: entry 40 is a split piece whose workspace slots lie past this launch's (a schedule built "
+            "for a larger grid); it ran nothing");
 }
 
 TEST(GroupedGemm, MissingSignalTimesOutAndNamesIt) {

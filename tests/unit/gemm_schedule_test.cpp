@@ -5,6 +5,7 @@
 // clusters, the plain grouped raster over M tiles.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <utility>
@@ -123,6 +124,133 @@ TEST(GemmSchedule, OddExpertNeedsNoPaddingWithEvenColumnBlocks) {
   const std::vector<GemmTile> list = gemm_schedule_host({4115}, 224, 2, TileOrder::kRowMajor);
   EXPECT_EQ(list.size(), size_t(33 * 224));
   for (const GemmTile& t : list) EXPECT_FALSE(gemm_tile_is_padding(t));
+}
+
+// Split lists (gemm_split_plan, gemm_split_entry): the unsplit list's first tiles unchanged;
+// every k-step of every later tile run exactly once; a split tile has parts - 1 kPartial pieces,
+// each into its own workspace slot, and one kFinish (its last k range) adding exactly those
+// slots; a piece that waits (kFinish) comes after the pieces it waits for in piece order, and
+// when both fall in one round on one block (ping-pong), the partial's warpgroup runs first;
+// every block gets as many pieces as every other, within one.
+void check_split(const std::vector<int>& rows, int nb, TileOrder order, const GemmSplit& split) {
+  SCOPED_TRACE("blocks " + std::to_string(split.blocks) + " x " + std::to_string(split.tiles_per_block) +
+               ", k-tiles " + std::to_string(split.k_tiles) + ", column blocks " + std::to_string(nb));
+  const std::vector<GemmTile> tiles = gemm_schedule_host(rows, nb, 1, order);
+  std::vector<GemmSplitPiece> pieces;
+  const std::vector<GemmTile> list = gemm_schedule_host(rows, nb, 1, order, split, &pieces);
+  ASSERT_EQ(pieces.size(), list.size());
+  const int64_t n = int64_t(tiles.size()), slots = split.slots(), kt = split.k_tiles, blocks = split.blocks;
+  const GemmSplitPlan plan = gemm_split_plan(n, split);
+  if (plan.parts == 1) {
+    ASSERT_EQ(list.size(), tiles.size());
+    for (size_t i = 0; i < list.size(); ++i) ASSERT_EQ(pieces[i].role, GemmSplitRole::kWhole) << "entry " << i;
+    return;
+  }
+  ASSERT_EQ(plan.whole % slots, 0);
+  ASSERT_EQ(plan.whole + plan.rest, n);
+  ASSERT_LT(plan.rest, slots);
+  ASSERT_EQ(int64_t(list.size()), plan.entries);
+  ASSERT_EQ(plan.entries % slots, 0);
+  ASSERT_LE(plan.entries - plan.whole, int64_t(kSplitMaxParts) * slots);  // max_gemm_tiles' bound
+  for (int64_t i = 0; i < plan.whole; ++i) {
+    ASSERT_EQ(list[i].m_row, tiles[i].m_row) << "entry " << i;
+    ASSERT_EQ(list[i].n_block, tiles[i].n_block) << "entry " << i;
+    ASSERT_EQ(pieces[i].role, GemmSplitRole::kWhole) << "entry " << i;
+  }
+  auto tile_index = [&](const GemmTile& t) {  // tiles are unique by (m_row, n_block)
+    for (int64_t i = plan.whole; i < n; ++i)
+      if (tiles[i].m_row == t.m_row && tiles[i].n_block == t.n_block && tiles[i].expert == t.expert) return i;
+    return int64_t(-1);
+  };
+  std::vector<int> steps_run(size_t(plan.rest * kt), 0);
+  std::vector<int64_t> writer(gemm_split_flags(split), -1), finisher_of_tile(plan.rest, -1);
+  std::vector<int64_t> pieces_per_block(blocks, 0);
+  for (int64_t e = plan.whole; e < int64_t(list.size()); ++e) {
+    const GemmTile& t = list[e];
+    const GemmSplitPiece& piece = pieces[e];
+    if (piece.role == GemmSplitRole::kIdle) {
+      ASSERT_TRUE(gemm_tile_is_padding(t)) << "entry " << e << ": an idle piece on a real tile";
+      continue;
+    }
+    ASSERT_NE(piece.role, GemmSplitRole::kWhole) << "entry " << e;
+    ++pieces_per_block[e % blocks];
+    const int64_t q = tile_index(t);
+    ASSERT_GE(q, 0) << "entry " << e << " runs no tile of the list's split part";
+    int begin, count;
+    gemm_piece_k_range(piece, int(kt), begin, count);
+    ASSERT_GT(count, 0) << "entry " << e;
+    ASSERT_LE(begin + count, kt) << "entry " << e;
+    for (int k = begin; k < begin + count; ++k) ++steps_run[size_t((q - plan.whole) * kt + k)];
+    if (piece.role == GemmSplitRole::kPartial) {
+      ASSERT_TRUE(piece.partial >= 0 && piece.partial < int64_t(writer.size())) << "entry " << e;
+      ASSERT_EQ(writer[piece.partial], -1) << "workspace slot " << piece.partial << " written twice";
+      writer[piece.partial] = e;
+    } else {
+      ASSERT_EQ(begin + count, kt) << "entry " << e << ": a finishing piece runs its tile's last k range";
+      ASSERT_EQ(piece.partials, plan.parts - 1) << "entry " << e;
+      ASSERT_EQ(finisher_of_tile[q - plan.whole], -1) << "tile " << q << " finished twice";
+      finisher_of_tile[q - plan.whole] = e;
+    }
+  }
+  for (size_t i = 0; i < steps_run.size(); ++i)
+    ASSERT_EQ(steps_run[i], 1) << "split tile " << i / kt << " k-step " << i % kt;
+  for (int64_t q = 0; q < plan.rest; ++q) {
+    const int64_t f = finisher_of_tile[q];
+    ASSERT_GE(f, 0) << "tile " << q << " never finished";
+    const GemmSplitPiece& fin = pieces[f];
+    for (int j = 0; j < fin.partials; ++j) {
+      const int64_t w = writer[fin.partial + j];
+      ASSERT_GE(w, 0) << "slot " << fin.partial + j << " never written";
+      ASSERT_EQ(tile_index(list[w]), tile_index(list[f])) << "slot " << fin.partial + j << " holds another tile";
+      // Entries run in list order on each block, so this also puts a partial first when both
+      // pieces fall on one block.
+      ASSERT_LT(w, f) << "a partial comes after its finishing piece";
+    }
+  }
+  const auto [lo, hi] = std::minmax_element(pieces_per_block.begin(), pieces_per_block.end());
+  EXPECT_LE(*hi - *lo, 1);
+}
+
+TEST(GemmSchedule, SplitListsRunEveryKStepOnce) {
+  std::mt19937 rng(11);
+  int split_lists = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int E = 1 + int(rng() % 12), nb = 1 + int(rng() % 20);
+    std::vector<int> rows(E);
+    for (int& r : rows) r = rng() % 5 == 0 ? 0 : int(rng() % 4000);
+    const GemmSplit split{1 + int(rng() % 40), 1 + int(rng() % 2), kSplitMinKTiles + int(rng() % 200)};
+    const TileOrder order = trial % 2 ? TileOrder::kRowMajor : TileOrder::kColumnBlockMajor;
+    check_split(rows, nb, order, split);
+    split_lists += gemm_split_plan(int64_t(gemm_schedule_host(rows, nb, 1, order).size()), split).parts > 1;
+  }
+  EXPECT_GT(split_lists, 50);  // the random shapes exercise splitting, not only its refusals
+}
+
+// Mixtral's GEMM1 on 132 SMs with ping-pong (264 slots), 224 k-tiles: at 4096 tokens per rank
+// 2048 tiles are 7 slot-waves and 200 more (unsplit, 68 blocks run 2 of them); cut in 5, the
+// 1000 pieces give every block 7 or 8 fifths. At 8192, 4096 tiles leave 136: 6 parts (1.17 tiles).
+TEST(GemmSchedule, SplitsMixtralGemm1) {
+  const GemmSplit split{132, 2, 224};
+  const GemmSplitPlan p4096 = gemm_split_plan(2048, split);
+  EXPECT_EQ(p4096.whole, 1848);
+  EXPECT_EQ(p4096.parts, 5);
+  EXPECT_EQ(p4096.entries, 1848 + 4 * 264);
+  const GemmSplitPlan p8192 = gemm_split_plan(4096, split);
+  EXPECT_EQ(p8192.rest, 136);
+  EXPECT_EQ(p8192.parts, 6);
+  check_split({8192}, 32, TileOrder::kColumnBlockMajor, split);
+  check_split({16384}, 32, TileOrder::kColumnBlockMajor, split);
+}
+
+TEST(GemmSchedule, SplitOnlyWhereItPays) {
+  auto parts = [](int64_t tiles, GemmSplit s) { return gemm_split_plan(tiles, s).parts; };
+  EXPECT_EQ(parts(2640, {132, 2, 224}), 1);                   // whole waves
+  EXPECT_EQ(parts(2048, {132, 2, kSplitMinKTiles - 1}), 1);   // short K
+  EXPECT_EQ(parts(2 * 132 * 7 + 131, {132, 2, 224}), 1);      // 131 of 132 blocks busy: nothing to gain
+  EXPECT_EQ(parts(2048, {0, 2, 224}), 1);                     // not asked
+  EXPECT_EQ(parts(100, {132, 2, 224}), 1);                    // under one wave on every block: 1 tile each
+  EXPECT_GT(parts(2048, {132, 2, 224}), 1);
+  EXPECT_GT(parts(200, {132, 1, 224}), 1);                    // 68 blocks of 132 run a second tile
 }
 
 }  // namespace

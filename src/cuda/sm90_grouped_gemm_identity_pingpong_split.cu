@@ -1,0 +1,10 @@
+// One kernel configuration per translation unit: identity epilogue, ping-pong, 128x128x64 tiles,
+// for split schedules (the last wave's tiles cut along K; cuda/gemm_schedule.h).
+#include "cuda/sm90_grouped_gemm_launch.cuh"
+
+namespace comet::cuda {
+using Kernel_identity_pingpong_split = sm90::GroupedGemmKernel<GemmEpilogue::kIdentity, kGemmBlockM, 128, 64, 1, true>;
+void launch_grouped_gemm_identity_pingpong_split(const GroupedGemmArgs& args, cudaStream_t stream) {
+  sm90::launch_grouped_gemm<Kernel_identity_pingpong_split, true>(args, stream);
+}
+}  // namespace comet::cuda
