@@ -47,8 +47,10 @@ class Fabric;
 // - kFusedSchedule: the fused kernels' configuration (cooperative 128 x 256) on the plan's tile
 //   order, tiles claimed from a counter: what every layer measurement so far ran;
 // - kAuto: the configuration kAuto chooses per layer (docs/gemm.md) on a static schedule built
-//   from the plan's expert rows. Faster in `comet bench gemm`; not yet compared with
-//   kFusedSchedule inside one layer run, so not the default.
+//   from the plan's expert rows, unsplit. Faster alone in `comet bench gemm`, but not in the
+//   layer: in one run against kFusedSchedule (W = 8, five presets) its compute-only was equal or
+//   up to 2.8% slower after the run's drift (docs/results/2026-11-30-split-tiles.md), so not the
+//   default.
 // Both give the same output bit for bit.
 enum class UnfusedGemms { kFusedSchedule, kAuto };
 
