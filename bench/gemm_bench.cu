@@ -178,7 +178,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
           g.split_pieces = s.pieces->ptr;
           g.split_partials = s.partials->ptr;
           g.split_flags = s.flags->ptr;
-          g.split_blocks = s.split.blocks;
+          g.split = s.split;
         }
         return g;
       };

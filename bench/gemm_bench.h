@@ -28,7 +28,7 @@ struct GemmBenchRow {
   std::vector<double> config_us;  // each configuration of cuda::kGemmKernels, static tiles
   double claimed_us = 0;  // cooperative with tiles claimed from a counter, as in a layer
   // Split schedules (the last wave cut along K) of the configurations that can split (kSplitKernels), and whether
-  // gemm_split_plan split them on this shape (unsplit, the time is the plain schedule's again).
+  // gemm_split_plan split them on this shape (unsplit: the split kernel ran whole tiles only).
   std::vector<double> split_us;
   std::vector<bool> split_used;
   double split_max_rel_diff = 0;  // split outputs vs the cooperative one (rounding of the split sums)

@@ -32,7 +32,7 @@ void print_gemm_table(const std::vector<GemmBenchRow>& rows, std::ostream& os) {
        << std::setprecision(1) << std::setw(10) << r.ours_us << std::setprecision(0) << std::setw(9)
        << r.ours_tflops() << std::setprecision(1);
     for (double us : r.config_us) os << std::setw(9) << us;
-    for (size_t i = 0; i < r.split_us.size(); ++i)  // '=': not split on this shape (the plain schedule)
+    for (size_t i = 0; i < r.split_us.size(); ++i)  // '=': not split on this shape (whole tiles only)
       os << std::setw(9) << r.split_us[i] << (r.split_used[i] ? " " : "=");
     os << std::setw(9) << r.claimed_us << std::setw(11) << r.cublas_best_us() << std::setprecision(0)
        << std::setw(9) << r.cublas_tflops() << std::setprecision(3) << std::setw(8) << r.ratio()

@@ -101,7 +101,7 @@ inline constexpr double kSplitMinGain = 0.25;
 COMET_HOST_DEVICE inline GemmSplitPlan gemm_split_plan(int64_t tiles, const GemmSplit& split) {
   const GemmSplitPlan unsplit{tiles, 0, 1, tiles};
   const int64_t slots = split.slots(), blocks = split.blocks;
-  if (blocks <= 0 || split.k_tiles < kSplitMinKTiles) return unsplit;
+  if (blocks <= 0 || slots <= 0 || split.k_tiles < kSplitMinKTiles) return unsplit;
   const int64_t rest = tiles % slots, whole = tiles - rest;
   // The last wave per block, in tiles: the largest piece count of a block over the parts.
   auto last_wave = [&](int parts) { return double((rest * parts + blocks - 1) / blocks) / parts; };

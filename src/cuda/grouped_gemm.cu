@@ -42,11 +42,11 @@ GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_exper
   return epilogue == GemmEpilogue::kSwiGlu ? GemmKernel::kPingpong128x128Cluster2x1 : GemmKernel::kPingpong128x128;
 }
 
-// From `comet bench gemm` on the H200 (docs/results/2026-11-30-split-tiles.md), split against
-// plain schedules of the same configuration, interleaved: ping-pong GEMM1 0.6-2.6% faster on
-// Mixtral (K = 14336) and Phi (K = 6400) where the list split; 2.0-2.7% slower on deepseek-v3's
-// GEMM1 (K = 2048); ping-pong GEMM0 +2% to -1% (its kAuto configuration, with clusters, cannot
-// split anyway).
+// From `comet bench gemm` on the H200 (docs/results/2026-11-30-split-tiles.md, section 3), split
+// against plain schedules of the same configuration, interleaved: ping-pong GEMM1 0.4-2.6% faster
+// on Mixtral (K = 14336) and Phi (K = 6400) in 14 of 15 rows where the list split; 2.0-2.7%
+// slower on deepseek-v3's GEMM1 (K = 2048); ping-pong GEMM0 from 1.4% faster to 6% slower (its
+// kAuto configuration, with clusters, cannot split anyway).
 bool choose_gemm_split(GemmEpilogue epilogue, GemmKernel kernel, int k) {
   return epilogue == GemmEpilogue::kIdentity && kernel == GemmKernel::kPingpong128x128 && k >= 4096;
 }
@@ -100,18 +100,25 @@ Status can_implement(const GroupedGemmArgs& a) {
        << ", not " << gemm_kernel_name(kernel);
     return Status::failure(os.str());
   }
-  if (a.split_blocks != 0 || a.split_pieces != nullptr || a.split_partials != nullptr || a.split_flags != nullptr) {
-    if (a.split_blocks < 1 || a.split_pieces == nullptr || a.split_partials == nullptr || a.split_flags == nullptr)
+  if (a.split.blocks != 0 || a.split_pieces != nullptr || a.split_partials != nullptr || a.split_flags != nullptr) {
+    if (a.split.blocks < 1 || a.split_pieces == nullptr || a.split_partials == nullptr || a.split_flags == nullptr)
       return Status::failure(
-          "grouped GEMM: a split schedule needs split_pieces, split_partials, split_flags and split_blocks together");
+          "grouped GEMM: a split schedule needs split (its GemmSplit), split_pieces, split_partials and split_flags together");
     if (gemm_cluster_m(kernel) != 1) {
       os << "grouped GEMM: " << gemm_kernel_name(kernel) << " runs clusters, which cannot split tiles";
       return Status::failure(os.str());
     }
     if (a.wait_flags != nullptr || a.tile_claims != nullptr)
       return Status::failure("grouped GEMM: a split schedule cannot take wait_flags or tile_claims");
-    if (a.num_blocks != 0 && a.num_blocks != a.split_blocks) {
-      os << "grouped GEMM: the split schedule was built for " << a.split_blocks << " blocks, not num_blocks=" << a.num_blocks;
+    if (a.num_blocks != 0 && a.num_blocks != a.split.blocks) {
+      os << "grouped GEMM: the split schedule was built for " << a.split.blocks << " blocks, not num_blocks=" << a.num_blocks;
+      return Status::failure(os.str());
+    }
+    const int tiles_per_block = kernel == GemmKernel::kPingpong128x128 ? 2 : 1;
+    if (a.split.tiles_per_block != tiles_per_block || a.split.k_tiles != (a.k + 63) / 64) {
+      os << "grouped GEMM: the split schedule was built for " << a.split.tiles_per_block << " tiles per block and "
+         << a.split.k_tiles << " k-tiles; " << gemm_kernel_name(kernel) << " at K=" << a.k << " runs " << tiles_per_block
+         << " and " << (a.k + 63) / 64;
       return Status::failure(os.str());
     }
   }

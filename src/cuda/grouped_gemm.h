@@ -69,17 +69,19 @@ int gemm_tile_n(GemmKernel kernel);
 // Blocks per cluster along M: consecutive schedule entries [c * m, c * m + m) run together.
 int gemm_cluster_m(GemmKernel kernel);
 GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_experts);
-// Whether kAuto's schedule for these shapes asks for a split (GemmSplit; the plan then splits
-// only a partial last wave): GEMM1 (identity epilogue) on ping-pong with K >= 4096.
+// Whether a caller building kAuto's schedule for these shapes should ask for a split (GemmSplit;
+// the plan then splits only a partial last wave): GEMM1 (identity epilogue) on ping-pong with
+// K >= 4096. (run_grouped_gemm runs the schedule it is given; the caller builds it.)
 bool choose_gemm_split(GemmEpilogue epilogue, GemmKernel kernel, int k);
 
 // One unit of work: rows [m_row, m_row + kGemmBlockM) of A, output column block n_block of
 // expert `expert`; `signal` indexes wait_flags/wait_targets (ignored without them).
 // A padding tile (m_row < 0) exists only in cluster and split schedules: it completes the last
 // pair of an expert with an odd M tile count and an odd number of column blocks
-// (build_gemm_tiles), or fills a split list's last round. Its block loads A rows ~m_row (its
-// partner's, so the load hits L2), takes its share of the B multicast, computes, and stores
-// nothing: no output, no wait, no done signal, no trace record.
+// (build_gemm_tiles): its block loads A rows ~m_row (its partner's, so the load hits L2), takes
+// its share of the B multicast, computes, and stores nothing: no output, no wait, no done
+// signal, no trace record. Under a split list's idle pieces (the last round's fill) the split
+// kernel loads and computes nothing; a plain kernel given that list treats them as above.
 struct alignas(16) GemmTile {
   int32_t m_row;
   int32_t n_block;
@@ -120,7 +122,7 @@ COMET_HOST_DEVICE inline void gemm_piece_k_range(const GemmSplitPiece& p, int k_
 // slowest SMs run 16). A split schedule cuts that wave's tiles into equal k ranges dealt evenly
 // over the blocks (cuda/gemm_schedule.h, gemm_split_plan). blocks 0: no split.
 struct GemmSplit {
-  int blocks = 0;           // the launch's grid (GroupedGemmArgs::split_blocks must match)
+  int blocks = 0;           // the launch's grid
   int tiles_per_block = 1;  // tiles a block runs at once: 1 cooperative, 2 ping-pong
   int k_tiles = 0;          // k-tiles of a whole tile: ceil(K / 64)
   COMET_HOST_DEVICE int slots() const { return blocks * tiles_per_block; }
@@ -167,16 +169,20 @@ struct GroupedGemmArgs {
   // tile t's signal (with wait_flags only). Null: not recorded, no cost beyond a null test.
   KernelTraceEvent* trace_tiles = nullptr;
   KernelTraceEvent* trace_waits = nullptr;
-  // Split schedules (GemmSplit) need their pieces (split_pieces, from build_gemm_tiles) and their
-  // workspace: split_partials,
+  // Split schedules: `split` = the GemmSplit the schedule was built with (blocks 0: none). The
+  // launch checks that it matches this launch (grid, tiles per block, k-tiles of K) and needs the
+  // schedule's pieces (split_pieces, from build_gemm_tiles) and the workspace: split_partials,
   // gemm_split_partial_floats(kernel, split) floats; split_flags, gemm_split_flags(split) words,
-  // zero before the first launch (every launch leaves them zero); split_blocks = split.blocks, the
-  // grid the schedule was built for (a launch on another grid is refused). Not with wait_flags
-  // or tile_claims (a split tile's parts must wait on nothing but each other), nor clusters.
+  // zero before the first launch. A launch that completes without an error leaves them zero;
+  // after a launch that recorded one, zero them again (a partial that came late, or whose
+  // finishing piece gave up, leaves its flag set). Not with wait_flags or tile_claims (a split
+  // tile's parts must wait on nothing but each other), nor with clusters. The grid's blocks
+  // wait on each other, so they must all be resident: the launch refuses more blocks than SMs,
+  // and work on other streams that holds SMs delays the finishing pieces (their waits time out).
+  GemmSplit split;
   const GemmSplitPiece* split_pieces = nullptr;
   float* split_partials = nullptr;
   uint64_t* split_flags = nullptr;
-  int split_blocks = 0;
   DeviceError* error = nullptr;     // required
   uint64_t timeout_ns = 5'000'000'000ull;
   int num_blocks = 0;               // 0: one per SM

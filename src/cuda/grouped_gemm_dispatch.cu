@@ -23,7 +23,7 @@ void run_grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   GroupedGemmArgs a = args;
   a.kernel = resolve_gemm_kernel(args);
   const bool swiglu = a.epilogue == GemmEpilogue::kSwiGlu;
-  if (a.split_blocks > 0) {  // split schedules: their own instantiations (clusters: refused by can_implement)
+  if (a.split.blocks > 0) {  // split schedules: their own instantiations (clusters: refused by can_implement)
     if (a.kernel == GemmKernel::kPingpong128x128)
       return swiglu ? launch_grouped_gemm_swiglu_pingpong_split(a, stream) : launch_grouped_gemm_identity_pingpong_split(a, stream);
     if (a.kernel == GemmKernel::kCooperative128x256)

@@ -177,7 +177,7 @@ struct GroupedGemmKernel {
     p.split_pieces = args.split_pieces;
     p.split_partials = args.split_partials;
     p.split_flags = args.split_flags;
-    p.split_flag_count = args.split_blocks > 0 ? args.split_blocks * (kPingpong ? 2 : 1) * (kSplitMaxParts - 1) : 0;
+    p.split_flag_count = int(gemm_split_flags(args.split));
     p.tile_claims = args.tile_claims;
     p.tile_end_ns = args.tile_end_ns;
     p.trace_tiles = args.trace_tiles;
@@ -200,8 +200,8 @@ struct GroupedGemmKernel {
     __device__ void operator()() const {}
   };
   // kSplitTiles = false compiles the split roles out: every entry is a whole tile and no piece is
-  // read (with the split roles compiled in, the ping-pong GEMM0 ran 3-5% slower on unsplit
-  // schedules, docs/results/2026-11-30-split-tiles.md). Split schedules launch their own
+  // read (with the split roles compiled in, the ping-pong GEMM0 ran 1.6-5.2% slower on plain
+  // schedules, docs/results/2026-11-30-split-tiles.md, section 4). Split schedules launch their own
   // instantiation (one translation unit each, sm90_grouped_gemm_*_split.cu); the fused kernels,
   // whose schedules the layer's plan builds unsplit, take false.
   template <bool kSplitTiles, class AfterTiles = NoWork>
@@ -425,8 +425,9 @@ struct GroupedGemmKernel {
 
   // What this launch runs of entry t: the whole tile (plain kernels: no split state is read), or
   // its piece with k_begin and k_count filled in; a split piece whose workspace slots the launch
-  // lacks (a schedule built for a larger grid) becomes kIdle (the producer records
-  // kBadSchedule), so no flag or partial is touched out of bounds. Producer and consumers decide
+  // lacks (a schedule built for a larger grid) or whose k range is not inside K becomes kIdle
+  // (the producer records kBadSchedule), so no flag or partial is touched out of bounds and the
+  // mainloop never waits for stages the producer does not load. Producer and consumers decide
   // alike, so their stage counts agree.
   template <bool kSplitTiles>
   static __device__ GemmSplitPiece entry_piece(const Params& p, int t) {
@@ -442,7 +443,8 @@ struct GroupedGemmKernel {
         return piece;
       }
       const int end = piece.partial + (piece.role == GemmSplitRole::kFinish ? int(piece.partials) : 1);
-      if (piece.partial < 0 || piece.partials < 0 || end > p.split_flag_count) {
+      const bool k_range = piece.k_begin >= 0 && piece.k_count >= 1 && piece.k_begin + piece.k_count <= p.k_tiles;
+      if (piece.partial < 0 || piece.partials < 0 || end > p.split_flag_count || !k_range) {
         piece.role = GemmSplitRole::kIdle;
         piece.k_count = 0;
       }
@@ -472,8 +474,10 @@ struct GroupedGemmKernel {
     if (mma_thread == 0) {
       for (int j = 0; j < piece.partials; ++j) {
         const int slot = piece.partial + j;
-        wait_at_least(p.split_flags + slot, 1, p.timeout_ns, p.error, WaitSite{p.rank, p.layer, WaitRole::kSplitPartial, slot});
-        p.split_flags[slot] = 0;
+        // Cleared only once seen set: a flag that a late partial sets after a timeout stays set
+        // (the error record says so; the caller zeroes the flags before the next launch).
+        if (wait_at_least(p.split_flags + slot, 1, p.timeout_ns, p.error, WaitSite{p.rank, p.layer, WaitRole::kSplitPartial, slot}))
+          p.split_flags[slot] = 0;
       }
     }
     cutlass::arch::NamedBarrier::sync(kMmaThreads, kPingpong ? 2 + consumer : 1);

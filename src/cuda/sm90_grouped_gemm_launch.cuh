@@ -55,7 +55,7 @@ int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
   }
 }
 
-// kSplitTiles: the instantiation for split schedules (args.split_blocks > 0); the plain one
+// kSplitTiles: the instantiation for split schedules (args.split.blocks > 0); the plain one
 // refuses them, the split one is built for the configurations without clusters only.
 template <class Kernel, bool kSplitTiles = false>
 void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
@@ -72,11 +72,15 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
                                           Kernel::kSmemBytes));
     attribute_set[device].store(true, std::memory_order_relaxed);
   }
-  COMET_CHECK((args.split_blocks > 0) == kSplitTiles, "grouped GEMM: a " << (kSplitTiles ? "split" : "plain")
+  COMET_CHECK((args.split.blocks > 0) == kSplitTiles, "grouped GEMM: a " << (kSplitTiles ? "split" : "plain")
                                                          << " launcher given " << (kSplitTiles ? "no " : "") << "split schedule");
   const int blocks = grouped_gemm_blocks<Kernel, kSplitTiles>(args, device, num_sms);
-  COMET_CHECK(args.split_blocks == 0 || args.split_blocks == blocks,
-              "grouped GEMM: the split schedule was built for " << args.split_blocks << " blocks; this launch runs " << blocks);
+  COMET_CHECK(args.split.blocks == 0 || args.split.blocks == blocks,
+              "grouped GEMM: the split schedule was built for " << args.split.blocks << " blocks; this launch runs " << blocks);
+  // A split grid's blocks wait on each other: all of them must be resident at once (one block
+  // per SM fits; Kernel::kSmemBytes leaves no room for a second).
+  COMET_CHECK(!kSplitTiles || blocks <= num_sms,
+              "grouped GEMM: a split schedule for " << blocks << " blocks cannot run on " << num_sms << " SMs at once");
   const typename Kernel::Params params = Kernel::make_params(args, blocks);
   if constexpr (Kernel::kClusterM == 1) {
     grouped_gemm_kernel<Kernel, kSplitTiles><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);

@@ -171,7 +171,8 @@ struct DeviceGemm {
       g.split_pieces = split_pieces.get();
       g.split_partials = split_partials.get();
       g.split_flags = split_flags.get();
-      g.split_blocks = g.num_blocks = split.blocks;
+      g.split = split;
+      g.num_blocks = split.blocks;
     }
     return g;
   }
@@ -470,7 +471,7 @@ TEST(GroupedGemm, SplitListOnThePlainKernelGivesTheUnsplitOutput) {
   args.split_pieces = nullptr;
   args.split_partials = nullptr;
   args.split_flags = nullptr;
-  args.split_blocks = 0;
+  args.split = GemmSplit{};
   run_grouped_gemm(args, nullptr);
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(g.error.download()[0].claimed, 0);
@@ -596,8 +597,17 @@ TEST(GroupedGemm, CanImplementRefusesBadShapes) {
   EXPECT_NE(s.reason.find("together"), std::string::npos) << s.reason;
   a.split_flags = &flags;
   a.split_pieces = &piece;
-  a.split_blocks = 132;
+  a.split = GemmSplit{132, 2, 4};  // K = 256: 4 k-tiles
   EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
+  a.split.k_tiles = 5;  // built for another K
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("5 k-tiles"), std::string::npos) << s.reason;
+  a.split = GemmSplit{132, 1, 4};  // built for the cooperative configuration
+  s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("1 tiles per block"), std::string::npos) << s.reason;
+  a.split = GemmSplit{132, 2, 4};
   a.num_blocks = 66;
   s = can_implement(a);
   EXPECT_FALSE(s.ok);

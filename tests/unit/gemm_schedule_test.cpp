@@ -248,6 +248,7 @@ TEST(GemmSchedule, SplitOnlyWhereItPays) {
   EXPECT_EQ(parts(2048, {132, 2, kSplitMinKTiles - 1}), 1);   // short K
   EXPECT_EQ(parts(2 * 132 * 7 + 131, {132, 2, 224}), 1);      // 131 of 132 blocks busy: nothing to gain
   EXPECT_EQ(parts(2048, {0, 2, 224}), 1);                     // not asked
+  EXPECT_EQ(parts(2048, {132, 0, 224}), 1);                   // no slots
   EXPECT_EQ(parts(100, {132, 2, 224}), 1);                    // under one wave on every block: 1 tile each
   EXPECT_GT(parts(2048, {132, 2, 224}), 1);
   EXPECT_GT(parts(200, {132, 1, 224}), 1);                    // 68 blocks of 132 run a second tile
