@@ -188,7 +188,8 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
   if (cluster != 1 || plan.parts == 1) {  // unsplit (asked for a split: every piece whole)
     for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
       gemm_schedule_unit(u, psum, unit_psum, tail_psum, num_experts, num_n_blocks, cluster, order, tiles + u * cluster);
-      if (pieces != nullptr) pieces[u] = GemmSplitPiece{};
+      if (pieces != nullptr)
+        for (int r = 0; r < cluster; ++r) pieces[u * cluster + r] = GemmSplitPiece{};
     }
     return;
   }
