@@ -14,16 +14,17 @@
 #include "bench/timing.h"
 #include "comet/config.h"
 #include "comet/routing.h"
+#include "cuda/gemm_schedule.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/random_fill.h"
 
 namespace comet::bench {
 
 using cuda::CublasExperts;
+using cuda::ExpertGemmShapes;
 
 // The configurations timed with split schedules too (the last wave cut along K).
 constexpr cuda::GemmKernel kSplitKernels[] = {cuda::GemmKernel::kCooperative128x256, cuda::GemmKernel::kPingpong128x128};
-using cuda::ExpertGemmShapes;
 
 namespace {
 
@@ -150,12 +151,9 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
           s.partials = std::make_unique<Device<float>>(cuda::gemm_split_partial_floats(kernel, s.split));
           s.flags = std::make_unique<Device<uint64_t>>(cuda::gemm_split_flags(s.split));
           COMET_CUDA_CHECK(cudaMemsetAsync(s.flags->ptr, 0, cuda::gemm_split_flags(s.split) * sizeof(uint64_t), stream));
-          int32_t count = 0;
-          COMET_CUDA_CHECK(cudaMemcpyAsync(&count, s.count->ptr, sizeof count, cudaMemcpyDeviceToHost, stream));
-          COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-          int64_t unsplit = 0;
-          for (int r : rows) unsplit += int64_t((r + cuda::kGemmBlockM - 1) / cuda::kGemmBlockM) * nb;
-          s.split_used = count != unsplit;
+          // The builder's decision, from the plan it runs (cuda/gemm_schedule.h).
+          const int64_t tiles = int64_t(cuda::gemm_schedule_host(rows, nb, 1, order).size());
+          s.split_used = cuda::gemm_split_plan(tiles, s.split).parts > 1;
         }
         return s;
       };
@@ -282,13 +280,16 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       // outputs bit for bit (the same k order per element): each runs into a poisoned output
       // (GEMM1 after GEMM0 rewrote its input `inter`). Every row of the buffers lies in some tile
       // when there is any row at all.
-      auto same_output = [&](const cuda::GroupedGemmArgs& args, const std::vector<uint16_t>& want) {
-        poison(args.d, want.size());
+      auto run_poisoned = [&](const cuda::GroupedGemmArgs& args, size_t elements) {
+        poison(args.d, elements);
         cuda::run_grouped_gemm(args, stream);
-        std::vector<uint16_t> got(want.size());
+        std::vector<uint16_t> got(elements);
         COMET_CUDA_CHECK(cudaMemcpyAsync(got.data(), args.d, got.size() * 2, cudaMemcpyDeviceToHost, stream));
         COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-        return got == want;
+        return got;
+      };
+      auto same_output = [&](const cuda::GroupedGemmArgs& args, const std::vector<uint16_t>& want) {
+        return run_poisoned(args, want.size()) == want;
       };
       cuda::GroupedGemmArgs claimed0_args = g0, claimed1_args = g1;
       claimed0_args.tile_claims = claimed1_args.tile_claims = claims.ptr;
@@ -300,11 +301,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       // every element within 2^-7 of its magnitude plus 1% of the output's rms (two bf16
       // roundings apart at most, and cancelling sums), and repeatable bit for bit (run twice).
       auto close_output = [&](const cuda::GroupedGemmArgs& args, const std::vector<uint16_t>& want, double& max_diff) {
-        poison(args.d, want.size());
-        cuda::run_grouped_gemm(args, stream);
-        std::vector<uint16_t> got(want.size());
-        COMET_CUDA_CHECK(cudaMemcpyAsync(got.data(), args.d, got.size() * 2, cudaMemcpyDeviceToHost, stream));
-        COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const std::vector<uint16_t> got = run_poisoned(args, want.size());
         double sum2 = 0;  // an element's scale floor: 1% of the output's rms (cancelling sums)
         size_t finite = 0;
         for (uint16_t w : want)

@@ -114,11 +114,11 @@ Status can_implement(const GroupedGemmArgs& a) {
       os << "grouped GEMM: the split schedule was built for " << a.split.blocks << " blocks, not num_blocks=" << a.num_blocks;
       return Status::failure(os.str());
     }
-    const int tiles_per_block = kernel == GemmKernel::kPingpong128x128 ? 2 : 1;
-    if (a.split.tiles_per_block != tiles_per_block || a.split.k_tiles != (a.k + 63) / 64) {
+    const GemmSplit launch = gemm_split_for(kernel, a.k, a.split.blocks);  // what this launch runs
+    if (a.split.tiles_per_block != launch.tiles_per_block || a.split.k_tiles != launch.k_tiles) {
       os << "grouped GEMM: the split schedule was built for " << a.split.tiles_per_block << " tiles per block and "
-         << a.split.k_tiles << " k-tiles; " << gemm_kernel_name(kernel) << " at K=" << a.k << " runs " << tiles_per_block
-         << " and " << (a.k + 63) / 64;
+         << a.split.k_tiles << " k-tiles; " << gemm_kernel_name(kernel) << " at K=" << a.k << " runs "
+         << launch.tiles_per_block << " and " << launch.k_tiles;
       return Status::failure(os.str());
     }
   }
@@ -162,7 +162,6 @@ int64_t gemm_split_partial_floats(GemmKernel kernel, const GemmSplit& split) {
   if (split.slots() == 0) return 0;
   return gemm_split_flags(split) * kGemmBlockM * gemm_tile_n(kernel);
 }
-
 
 namespace {
 
