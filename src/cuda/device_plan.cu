@@ -26,6 +26,7 @@
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
 #include "cuda/device_plan.h"
+#include "cuda/gemm_schedule.h"
 #include "cuda/signal.cuh"
 #include "cuda/tile_raster.h"
 
@@ -263,14 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   // warps in order, lanes in order); key_end[k] is one past the stage's last position.
   const int stages = a.layer0_stages > 0 ? min(a.layer0_stages, W) : W;
   auto stage_of = [&](int last_pos) { return layer0_stage(last_pos, stages, W); };
-  auto expert_of = [&](int m) {  // largest e with tile_psum[e] <= m
-    int lo = 0, hi = E - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (sm.tile_psum[mid] <= m) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-  };
+  auto expert_of = [&](int m) { return find_range(sm.tile_psum, E, m); };  // largest e with tile_psum[e] <= m
   for (int i = tid; i < W; i += kThreads) sm.key_next[i] = 0;
   __syncthreads();
   for (int m = tid; m < num_m; m += kThreads) {
