@@ -21,8 +21,11 @@
 // Why this shape (H200, docs/results/): a warp that loads one chunk per lane and stores it
 // before the next load is bound by load latency (~1 us per 512 bytes per warp, more across
 // NVLink); keeping 8 chunks per lane of each of 2 tokens in flight (dispatch) and the chunks of
-// up to 4 rows (combine) gives each SM that many times the bytes in flight. The fused kernels'
-// register budget is the GEMM's (168 per thread), so the copies' registers are free there.
+// up to 4 rows (combine) gives each SM that many times the bytes in flight. Where a token's rows
+// come from and go is itself a load (the plan's entries), so every loop loads the next item's
+// entries before it moves the current one: one load latency per item instead of two (on one
+// H200, W = 8: communication-only 14-16% shorter on qwen3 and deepseek, docs/results). The fused
+// kernels' register budget is the GEMM's (168 per thread), so the copies' registers are free there.
 //
 // NOTES (memory ordering): dispatch lanes fence their row stores (__threadfence), the warp
 // synchronizes, then the lanes holding a row release-add; the GEMM producer's acquire plus
@@ -58,15 +61,42 @@ __device__ inline void load_recv_psum(const FusedCommArgs& f, int32_t* psum) {
   __syncthreads();
 }
 
+// The plan's entries for kDispatchTokens received slots: per lane, the slot's row `lane` in the
+// A buffer (-1 past its rows) and the token's index at its source. Loaded one batch ahead.
+struct DispatchBatch {
+  int my_row[kDispatchTokens];
+  int token[kDispatchTokens];
+};
+__device__ __forceinline__ DispatchBatch load_dispatch_batch(const FusedCommArgs& f, int first, int num_warps,
+                                                             int total, int lane) {
+  DispatchBatch batch;
+#pragma unroll
+  for (int b = 0; b < kDispatchTokens; ++b) {
+    const int slot = first + b * num_warps;
+    batch.my_row[b] = -1;
+    batch.token[b] = 0;
+    if (slot < total) {
+      batch.my_row[b] = lane < f.rows_per_token ? f.plan.recv_rows[int64_t(slot) * f.rows_per_token + lane] : -1;
+      batch.token[b] = f.plan.recv_token[slot];
+    }
+  }
+  return batch;
+}
+
 // Dispatch: warp `warp` of `num_warps` moves slots warp, warp + num_warps, ..., kDispatchTokens
-// of them at once (their loads in flight together, then each token's stores and signal).
+// of them at once (their loads in flight together, then each token's stores and signal). The
+// next batch's plan entries are loaded before this batch's rows, so a batch costs one load
+// latency for its rows, not a second one for where they come from and go.
 __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {
   const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
   uint4* a_rows = static_cast<uint4*>(f.a_rows);
   if (warp == 0 && lane == 0) link_zero(f.link_reset);  // link emulation: the combine's pacer
   int pos = 0;  // slots only grow, so the ring position only advances
   ChunkRecorder trace(f.trace, 0, f.rank);
+  DispatchBatch upcoming = load_dispatch_batch(f, warp, num_warps, total, lane);
   for (int first = warp; first < total; first += kDispatchTokens * num_warps) {
+    const DispatchBatch batch = upcoming;
+    upcoming = load_dispatch_batch(f, first + kDispatchTokens * num_warps, num_warps, total, lane);
     const uint4* x[kDispatchTokens];
     int my_row[kDispatchTokens], num_rows[kDispatchTokens];
     uint64_t landed[kDispatchTokens];
@@ -82,11 +112,10 @@ __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum
       while (pos + 1 < f.world && psum[pos + 1] <= slot) ++pos;
       const int src = (f.rank + pos) % f.world;
       landed[b] = link_pull(f.link, src == f.rank ? 0 : uint64_t(chunks) * 16);  // emulated link
-      const int32_t* rows = f.plan.recv_rows + int64_t(slot) * f.rows_per_token;
-      my_row[b] = lane < f.rows_per_token ? rows[lane] : -1;
+      my_row[b] = batch.my_row[b];
       num_rows[b] = __popc(__ballot_sync(~0u, my_row[b] >= 0));  // rows are -1 padded at the end
       x[b] = reinterpret_cast<const uint4*>(static_cast<const char*>(f.peers[src]) + f.x_offset) +
-             int64_t(f.plan.recv_token[slot]) * chunks;
+             int64_t(batch.token[b]) * chunks;
     }
     for (int c0 = 0; c0 < chunks; c0 += 32 * kCopyUnroll) {
       uint4 v[kDispatchTokens][kCopyUnroll];
@@ -206,10 +235,33 @@ __host__ __device__ inline int combine_groups(int num_col_blocks) {
   return (num_col_blocks + kCombineGroupBlocks - 1) / kCombineGroupBlocks;
 }
 
+// One combine item as a warp holds it: its index and, per lane j < rows_per_token, the token's
+// j-th local row and weight (row -1 and weight 0 past its rows; the plan writes both).
+struct CombineItem {
+  int index;
+  int my_row;
+  float my_weight;
+};
+
+// Issues the item's metadata loads (row and weight in parallel, neither waits for the other);
+// nothing is loaded for an index past the last item.
+__device__ __forceinline__ CombineItem load_combine_item(const FusedCommArgs& f, int i, int items, int total,
+                                                         int lane) {
+  CombineItem item{i, -1, 0.f};
+  if (i < items && lane < f.rows_per_token) {
+    const int64_t at = int64_t(i % total) * f.rows_per_token + lane;
+    item.my_row = f.plan.recv_rows[at];
+    item.my_weight = f.plan.recv_weight[at];
+  }
+  return item;
+}
+
 // Combine: with f.combine_claims set, warps claim items from that counter (any number of warps
 // of any block may join, e.g. GEMM blocks whose tiles are done); otherwise warp `warp` of
 // `num_warps` takes items warp, warp + num_warps, ... The arithmetic of an item does not depend
-// on who runs it.
+// on who runs it. A warp loads the next item's rows and weights before it moves the current
+// one, so an item costs one load latency (its data), not two (its metadata, then its data):
+// a qwen3 token has about 1.5 rows on a rank, too few bytes to hide a second round trip.
 __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {
   const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
   const int group_chunks = kCombineGroupBlocks * f.col_width / 8;
@@ -217,26 +269,30 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
   const uint4* out_rows = static_cast<const uint4*>(f.out_rows);
   int ready_group = -1;  // the column group this warp last waited for
   int next = warp, claim_end = 0;
+  // The next item (claimed in batches from the counter, or the static stride).
+  auto claim = [&]() {
+    if (f.combine_claims == nullptr) {
+      const int i = next;
+      next += num_warps;
+      return i;
+    }
+    if (next >= claim_end) {
+      unsigned first = 0;
+      if (lane == 0) first = atomicAdd(f.combine_claims, unsigned(kCombineClaim));
+      next = int(__shfl_sync(~0u, first, 0));
+      claim_end = next + kCombineClaim;
+    }
+    return next++;
+  };
   ChunkRecorder trace(f.trace, 1, f.rank);
   if (warp == 0 && lane == 0) link_zero(f.link_reset);  // link emulation: the dispatch's pacer
   uint64_t last_sent = 0;
-  while (true) {
-    // Step 1: the next item (claimed in batches from the counter, or the static stride).
-    int i;
-    if (f.combine_claims != nullptr) {
-      if (next >= claim_end) {
-        unsigned first = 0;
-        if (lane == 0) first = atomicAdd(f.combine_claims, unsigned(kCombineClaim));
-        next = int(__shfl_sync(~0u, first, 0));
-        claim_end = next + kCombineClaim;
-      }
-      i = next++;
-    } else {
-      i = next;
-      next += num_warps;
-    }
-    if (i >= items) break;
-    const int g = i / total, slot = i % total;
+  CombineItem item = load_combine_item(f, claim(), items, total, lane);
+  while (item.index < items) {
+    // Step 1: the next item's metadata, in flight while this one moves (the plan wrote it
+    // before this kernel, so it needs no wait).
+    const CombineItem upcoming = load_combine_item(f, claim(), items, total, lane);
+    const int i = item.index, g = i / total, slot = i % total;
     // Step 2: wait (once per group) until GEMM1 stored every tile of the group's column blocks.
     if (f.col_done != nullptr && g != ready_group) {
       trace.flush();  // a chunk record never spans a wait
@@ -252,14 +308,14 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
       ready_group = g;
     }
     trace.begin_item(i);
-    // Step 3: the token's rows and weights, one per lane, then its partial row for the group's
-    // columns: acc = sum over rows in slot order of w * x (fp32), one bf16 rounding.
+    // Step 3: the token's partial row for the group's columns: acc = sum over its rows in slot
+    // order of w * x (fp32), one bf16 rounding, stored into the owner's slot.
     const int pos = ring_pos(psum, f.world, slot);
     const int owner = (f.rank + pos) % f.world, position = slot - psum[pos];
     uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(f.peers[owner]) + f.combine_offset) +
                  (int64_t(f.rank) * f.t_max + position) * chunks;
-    const int my_row = lane < f.rows_per_token ? f.plan.recv_rows[int64_t(slot) * f.rows_per_token + lane] : -1;
-    const float my_weight = my_row >= 0 ? f.plan.recv_weight[int64_t(slot) * f.rows_per_token + lane] : 0.f;
+    const int my_row = item.my_row;
+    const float my_weight = item.my_weight;
     const int num_rows = __popc(__ballot_sync(~0u, my_row >= 0));
     const int c_end = min(chunks, (g + 1) * group_chunks);
     const uint64_t sent = link_push(f.link, owner == f.rank ? 0 : uint64_t(c_end - g * group_chunks) * 16);
@@ -267,14 +323,15 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
       float acc[8 * kCombineUnroll];
 #pragma unroll
       for (int q = 0; q < 8 * kCombineUnroll; ++q) acc[q] = 0.f;
-      fma_rows_chunks(acc, num_rows, [&](int i) {
-        return WeightedRow{out_rows + int64_t(__shfl_sync(~0u, my_row, i)) * chunks, __shfl_sync(~0u, my_weight, i)};
+      fma_rows_chunks(acc, num_rows, [&](int r) {
+        return WeightedRow{out_rows + int64_t(__shfl_sync(~0u, my_row, r)) * chunks, __shfl_sync(~0u, my_weight, r)};
       }, c0, c_end, lane);
       store_row_chunks(dst, acc, c0, c_end, lane);
     }
     link_wait(f.link, sent);
     last_sent = max(last_sent, sent);
     trace.end_item();
+    item = upcoming;
   }
   link_drain(f.link, last_sent);
   trace.flush();
@@ -299,11 +356,20 @@ __device__ inline void owner_reduce_rows(const OwnerReduceArgs& a, int warp, int
   const int lane = int(threadIdx.x) % 32, chunks = a.hidden / 8;
   const uint4* partials = static_cast<const uint4*>(a.combine_recv);
   uint4* y = static_cast<uint4*>(a.y);
+  // A token's send positions, per lane (ranks lane and lane + 32); -1 where it was not sent.
+  // The warp loads the next token's while it sums the current one (one load latency less each).
+  auto load_positions = [&](int t, int& lo, int& hi) {
+    const int32_t* pos = a.send_pos + int64_t(t) * a.world;
+    lo = t < tokens && lane < a.world ? pos[lane] : -1;
+    hi = t < tokens && lane + 32 < a.world ? pos[lane + 32] : -1;
+  };
+  int pos_lo, pos_hi;
+  load_positions(warp, pos_lo, pos_hi);
   for (int t = warp; t < tokens; t += num_warps) {
+    int next_lo, next_hi;
+    load_positions(t + num_warps, next_lo, next_hi);
     // The ranks the token was sent to, in rank order: contributor j < 32 is held by lane j in
     // `first`, j >= 32 by lane j - 32 in `second`, as the offset of its partial row.
-    const int32_t* pos = a.send_pos + int64_t(t) * a.world;
-    const int pos_lo = lane < a.world ? pos[lane] : -1, pos_hi = lane + 32 < a.world ? pos[lane + 32] : -1;
     int64_t first = 0, second = 0;
     int contributors = 0;
     for (int half = 0; half < 2; ++half) {
@@ -323,6 +389,8 @@ __device__ inline void owner_reduce_rows(const OwnerReduceArgs& a, int warp, int
       }, c0, chunks, lane);
       store_row_chunks(y + int64_t(t) * chunks, acc, c0, chunks, lane);
     }
+    pos_lo = next_lo;
+    pos_hi = next_hi;
   }
 }
 
