@@ -14,22 +14,28 @@ namespace comet::cuda::sm90 {
 // Launch attributes are per device: the launchers remember per device ordinal what they set.
 inline constexpr int kMaxDevices = 64;
 
-// A launch of `blocks` blocks in clusters of Kernel::kClusterM (the attribute lives in the caller,
-// which the configuration points to).
+// A launch of `blocks` blocks of Kernel with one launch attribute (it lives in the caller, which
+// the configuration points to).
+template <class Kernel>
+cudaLaunchConfig_t launch_config(int blocks, cudaStream_t stream, cudaLaunchAttribute& attribute) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(Kernel::kThreads);
+  config.dynamicSmemBytes = Kernel::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// ... in clusters of Kernel::kClusterM blocks.
 template <class Kernel>
 cudaLaunchConfig_t cluster_launch_config(int blocks, cudaStream_t stream, cudaLaunchAttribute& cluster) {
   cluster = cudaLaunchAttribute{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = Kernel::kClusterM;
   cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(Kernel::kThreads);
-  config.dynamicSmemBytes = Kernel::kSmemBytes;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return config;
+  return launch_config<Kernel>(blocks, stream, cluster);
 }
 
 // Blocks of a launch: args.num_blocks, or one per SM; with clusters, as many whole clusters as
@@ -78,11 +84,19 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   COMET_CHECK(args.split.blocks == 0 || args.split.blocks == blocks,
               "grouped GEMM: the split schedule was built for " << args.split.blocks << " blocks; this launch runs " << blocks);
   // A split grid's blocks wait on each other: all of them must be resident at once (one block
-  // per SM fits; Kernel::kSmemBytes leaves no room for a second).
+  // per SM fits; Kernel::kSmemBytes leaves no room for a second). The launch is cooperative (as
+  // the fused kernels' are): the runtime guarantees that all its blocks are resident together,
+  // or refuses it, so no finishing piece waits on a partial whose block never started.
   COMET_CHECK(!kSplitTiles || blocks <= num_sms,
               "grouped GEMM: a split schedule for " << blocks << " blocks cannot run on " << num_sms << " SMs at once");
   const typename Kernel::Params params = Kernel::make_params(args, blocks);
-  if constexpr (Kernel::kClusterM == 1) {
+  if constexpr (kSplitTiles) {
+    cudaLaunchAttribute cooperative{};
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    const cudaLaunchConfig_t config = launch_config<Kernel>(blocks, stream, cooperative);
+    COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel, kSplitTiles>, params));
+  } else if constexpr (Kernel::kClusterM == 1) {
     grouped_gemm_kernel<Kernel, kSplitTiles><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
   } else {
     cudaLaunchAttribute cluster;
