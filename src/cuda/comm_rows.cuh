@@ -195,14 +195,14 @@ struct WeightedRow {
   const uint4* src;
   float w;
 };
-template <class RowOf>
+template <int kRows = kCombineRows, class RowOf>
 __device__ __forceinline__ void fma_rows_chunks(float* acc, int num_rows, const RowOf& row, int c0, int c_end,
                                                 int lane) {
-  for (int r0 = 0; r0 < num_rows; r0 += kCombineRows) {
-    uint4 v[kCombineRows][kCombineUnroll];
-    float w[kCombineRows];
+  for (int r0 = 0; r0 < num_rows; r0 += kRows) {
+    uint4 v[kRows][kCombineUnroll];
+    float w[kRows];
 #pragma unroll
-    for (int i = 0; i < kCombineRows; ++i)
+    for (int i = 0; i < kRows; ++i)
       if (r0 + i < num_rows) {  // warp-uniform
         const WeightedRow r = row(r0 + i);
         w[i] = r.w;
@@ -213,7 +213,7 @@ __device__ __forceinline__ void fma_rows_chunks(float* acc, int num_rows, const 
         }
       }
 #pragma unroll
-    for (int i = 0; i < kCombineRows; ++i)
+    for (int i = 0; i < kRows; ++i)
       if (r0 + i < num_rows) {
 #pragma unroll
         for (int u = 0; u < kCombineUnroll; ++u)
@@ -348,6 +348,10 @@ struct OwnerReduceArgs {
   int hidden = 0, world = 1, t_max = 0;
 };
 
+// Ranks' partial rows whose loads are in flight together: 3, not kCombineRows, so that the
+// kernel fits 128 registers per thread without spilling and two blocks share an SM (the reduce
+// is bound by load latency, so twice the warps per SM keep more bytes in flight).
+inline constexpr int kOwnerReduceRows = 3;
 __device__ inline void owner_reduce_rows(const OwnerReduceArgs& a, int warp, int num_warps) {
   // The count as the plan read it (device_plan.cu, published_tokens): outside [0, T_max] it is
   // 0 and the plan wrote no send positions, so none is read here; check() raises the error.
@@ -384,7 +388,7 @@ __device__ inline void owner_reduce_rows(const OwnerReduceArgs& a, int warp, int
       float acc[8 * kCombineUnroll];
 #pragma unroll
       for (int q = 0; q < 8 * kCombineUnroll; ++q) acc[q] = 0.f;
-      fma_rows_chunks(acc, contributors, [&](int j) {
+      fma_rows_chunks<kOwnerReduceRows>(acc, contributors, [&](int j) {
         return WeightedRow{partials + __shfl_sync(~0u, j < 32 ? first : second, j % 32), 1.f};
       }, c0, chunks, lane);
       store_row_chunks(y + int64_t(t) * chunks, acc, c0, chunks, lane);

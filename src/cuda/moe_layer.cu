@@ -54,6 +54,7 @@ using fabric::detail::DeviceGuard;
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kGrid = 132;  // blocks of the copy kernels (grid-stride loops; any size is correct)
+constexpr int kOwnerReduceBlocksPerSm = 2;  // its blocks fit two per SM (cuda/comm_rows.cuh)
 // The fused layer0's raster group height: its first wave then waits for the rows of this many
 // M tiles instead of kRasterGroupM (docs/results/ has the measurement).
 constexpr int kFusedLayer0GroupM = 4;
@@ -74,7 +75,7 @@ __global__ void combine_kernel(const __grid_constant__ cuda::FusedCommArgs f) {
   cuda::combine_rows(f, psum, int(blockIdx.x) * warps + int(threadIdx.x) / 32, int(gridDim.x) * warps);
 }
 
-__global__ void owner_reduce_kernel(const __grid_constant__ cuda::OwnerReduceArgs a) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, kOwnerReduceBlocksPerSm) owner_reduce_kernel(const __grid_constant__ cuda::OwnerReduceArgs a) {
   const int warps = int(blockDim.x) / 32;
   cuda::owner_reduce_rows(a, int(blockIdx.x) * warps + int(threadIdx.x) / 32, int(gridDim.x) * warps);
 }
@@ -384,7 +385,7 @@ struct MoeLayer::Impl {
     a.hidden = config.model.hidden;
     a.world = config.layout.world;
     a.t_max = config.max_tokens_per_rank;
-    owner_reduce_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(a);
+    owner_reduce_kernel<<<kGrid * kOwnerReduceBlocksPerSm, 32 * kWarpsPerBlock, 0, s>>>(a);
     COMET_CUDA_CHECK_LAUNCH();
   }
   void barrier(const Rank& k, int which, cudaStream_t s) const {
