@@ -53,14 +53,15 @@ using cuda::DevicePlanView;
 using fabric::detail::DeviceGuard;
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kGrid = 132;  // blocks of the copy kernels (grid-stride loops; any size is correct)
-constexpr int kOwnerReduceBlocksPerSm = 2;  // its blocks fit two per SM (cuda/comm_rows.cuh)
+// The copy kernels run one block per SM (grid-stride loops: any grid is correct), the owner
+// reduce two (its blocks fit two per SM, cuda/comm_rows.cuh).
+constexpr int kOwnerReduceBlocksPerSm = 2;
 // The fused layer0's raster group height: its first wave then waits for the rows of this many
 // M tiles instead of kRasterGroupM (docs/results/ has the measurement).
 constexpr int kFusedLayer0GroupM = 4;
 
 // The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
-// without signals, on kGrid blocks of kWarpsPerBlock warps.
+// without signals, in blocks of kWarpsPerBlock warps.
 __global__ void dispatch_kernel(const __grid_constant__ cuda::FusedCommArgs f) {
   __shared__ int32_t psum[cuda::kMaxWorld + 1];
   cuda::load_recv_psum(f, psum);
@@ -304,7 +305,7 @@ struct MoeLayer::Impl {
     cuda::build_device_plans(config, args.data(), count, s);
   }
   void dispatch(const Rank& k, cudaStream_t s) const {
-    dispatch_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 0, Signals::kOff));
+    dispatch_kernel<<<num_sms, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 0, Signals::kOff));
     COMET_CUDA_CHECK_LAUNCH();
   }
   // The unfused pipeline's GEMMs (also run_part(kGemms), compute-only), LayerOptions::unfused_gemms:
@@ -343,7 +344,7 @@ struct MoeLayer::Impl {
     }
   }
   void combine(const Rank& k, cudaStream_t s) const {
-    combine_kernel<<<kGrid, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 1, Signals::kOff));
+    combine_kernel<<<num_sms, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 1, Signals::kOff));
     COMET_CUDA_CHECK_LAUNCH();
   }
   // One of the two Comet kernels of a rank (cuda/fused_layer.h). Layer0 only pulls published
@@ -385,7 +386,7 @@ struct MoeLayer::Impl {
     a.hidden = config.model.hidden;
     a.world = config.layout.world;
     a.t_max = config.max_tokens_per_rank;
-    owner_reduce_kernel<<<kGrid * kOwnerReduceBlocksPerSm, 32 * kWarpsPerBlock, 0, s>>>(a);
+    owner_reduce_kernel<<<num_sms * kOwnerReduceBlocksPerSm, 32 * kWarpsPerBlock, 0, s>>>(a);
     COMET_CUDA_CHECK_LAUNCH();
   }
   void barrier(const Rank& k, int which, cudaStream_t s) const {
