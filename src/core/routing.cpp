@@ -8,6 +8,18 @@
 
 namespace comet {
 
+namespace {
+// A routing of num_tokens x topk slots, to be filled in.
+Routing sized_routing(int num_tokens, int topk) {
+  Routing r;
+  r.num_tokens = num_tokens;
+  r.topk = topk;
+  r.expert_ids.resize(size_t(num_tokens) * topk);
+  r.weights.resize(size_t(num_tokens) * topk);
+  return r;
+}
+}  // namespace
+
 uint64_t Rng::next_u64() {
   uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -58,11 +70,7 @@ Routing softmax_topk_gating(const std::vector<float>& logits, int num_tokens, in
   COMET_CHECK(logits.size() == size_t(num_tokens) * num_experts,
               "logits hold " << logits.size() << " values, expected num_tokens*E = "
                              << size_t(num_tokens) * num_experts);
-  Routing r;
-  r.num_tokens = num_tokens;
-  r.topk = topk;
-  r.expert_ids.resize(size_t(num_tokens) * topk);
-  r.weights.resize(size_t(num_tokens) * topk);
+  Routing r = sized_routing(num_tokens, topk);
   std::vector<double> prob(num_experts);
   std::vector<int> idx(num_experts);
   for (int t = 0; t < num_tokens; ++t) {
@@ -157,11 +165,7 @@ Routing generate_routing(const RoutingSpec& spec, int num_tokens, int num_expert
               "mask fraction " << spec.mask_fraction << " not in [0, 1]");
   const std::vector<double> load = expert_load_distribution(spec, num_experts, seed);
   Rng rng(derive_seed(seed, 1000 + uint64_t(rank)));
-  Routing r;
-  r.num_tokens = num_tokens;
-  r.topk = topk;
-  r.expert_ids.resize(size_t(num_tokens) * topk);
-  r.weights.resize(size_t(num_tokens) * topk);
+  Routing r = sized_routing(num_tokens, topk);
   std::vector<double> left(num_experts);
   std::vector<double> logit(topk);
   for (int t = 0; t < num_tokens; ++t) {
