@@ -7,7 +7,8 @@ VIEW picks the columns: `layer` (bench/layer_grid.sh: times, fused / compute-onl
 `paper` (bench/paper_grid.sh: one row per link, layout and size, sorted by link), `multi`
 (bench/multi_gpu_grid.sh). Reads every OUT_DIR/*.json; a file without JSON (a run that failed
 before printing) is named, and the exit code is then 1. `ok` is "NO" where fused differed from
-unfused or a baseline from Comet.
+unfused or a baseline from Comet. `paper` and `multi` end with the means over the paper's
+presets (per link or layout, and over all rows) next to the paper's own numbers.
 """
 import glob
 import json
@@ -40,6 +41,11 @@ COLUMNS = {
     "comm GB/s": ("comm GB/s", 10, lambda r: f"{r['comm_link_gbps']:.0f}"),
     "ok": ("ok", 3, lambda r: "yes" if r["fused_equals_unfused"] and r.get("baselines_match", True) else "NO"),
 }
+# The paper's single-layer grid (Comet, MLSys 2025): these presets, against its reported means
+# over 8 H800s (average speedup of one MoE layer over the baseline; hidden communication).
+PAPER_MODELS = ("mixtral-8x7b", "qwen2-moe-2.7b", "phi-3.5-moe")
+PAPER_SPEEDUP, PAPER_HIDDEN = 1.96, 0.865
+
 VIEWS = {
     "layer": ["model", "T", "n_comm", "fused_us", "unfused", "compute", "comm", "plan", "fused/cmp", "vs seq",
               "vs chunk", "ok"],
@@ -50,6 +56,40 @@ VIEWS = {
 
 def cell(text, width):
     return f"{text:<{-width}}" if width < 0 else f"{text:>{width}}"
+
+
+def mean(values):
+    return sum(values) / len(values) if values else None
+
+
+def summary(rows, group):
+    """Lines of means over the paper's presets, per group (group(r) names it) and over all of them:
+    the speedup over each baseline (arithmetic mean, as the paper reports it), the latency-based
+    hidden fraction and the ratio to the lower bound, then the paper's numbers to set them against."""
+    paper = [r for r in rows if r["model"] in PAPER_MODELS]
+    if not paper:
+        return []
+    groups = {}
+    for r in paper:
+        groups.setdefault(group(r), []).append(r)
+    if len(groups) > 1:
+        groups["all"] = paper
+    lines = []
+    for name, rs in groups.items():
+        parts = [f"{len(rs)} rows"]
+        for key, label in (("speedup_over_sequential", "vs sequential"), ("speedup_over_chunked", "vs chunked")):
+            values = [r[key] for r in rs if key in r]
+            if values:
+                parts.append(f"{label} {mean(values):.2f}x ({min(values):.2f}-{max(values):.2f})")
+        hidden = [r["hidden_fraction"] for r in rs if "hidden_fraction" in r]
+        if hidden:
+            parts.append(f"hidden {100 * mean(hidden):.1f}%")
+        bound = [r["fused_over_lower_bound"] for r in rs if "fused_over_lower_bound" in r]
+        if bound:
+            parts.append(f"x bound {mean(bound):.2f}")
+        lines.append(f"mean over the paper's presets, {name}: " + ", ".join(parts))
+    lines.append(f"paper (8 H800s): {PAPER_SPEEDUP:.2f}x mean speedup, {100 * PAPER_HIDDEN:.1f}% hidden communication")
+    return lines
 
 
 def main():
@@ -70,6 +110,15 @@ def main():
     print(" ".join(cell(header, width) for header, width, _ in columns))
     for r in rows:
         print(" ".join(cell(value(r), width) for _, width, value in columns))
+    if view == "multi":
+        lines = summary(rows, lambda r: f"EP {r['ep']} x TP {r['tp']}")
+    elif view == "paper":
+        lines = summary(rows, lambda r: f"link {r['link_gbps']:g} GB/s")
+    else:
+        lines = []
+    if lines:
+        print()
+        print("\n".join(lines))
     sys.exit(1 if missing else 0)
 
 
