@@ -177,8 +177,8 @@ struct GroupedGemmArgs {
   // after a launch that recorded one, zero them again (a partial that came late, or whose
   // finishing piece gave up, leaves its flag set). Not with wait_flags or tile_claims (a split
   // tile's parts must wait on nothing but each other), nor with clusters. The grid's blocks
-  // wait on each other, so they must all be resident: the launch refuses more blocks than SMs,
-  // and work on other streams that holds SMs delays the finishing pieces (their waits time out).
+  // wait on each other, so they must all be resident: the launch refuses more blocks than SMs
+  // and is cooperative (the runtime runs all blocks together or refuses the launch).
   GemmSplit split;
   const GemmSplitPiece* split_pieces = nullptr;
   float* split_partials = nullptr;
