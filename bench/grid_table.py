@@ -65,10 +65,14 @@ def mean(values):
 def summary(rows, group):
     """Lines of means over the paper's presets, per group (group(r) names it) and over all of them:
     the speedup over each baseline (arithmetic mean, as the paper reports it), the latency-based
-    hidden fraction and the ratio to the lower bound, then the paper's numbers to set them against."""
-    paper = [r for r in rows if r["model"] in PAPER_MODELS]
+    hidden fraction and the ratio to the lower bound, then the paper's numbers to set them against.
+    Rows whose checks failed are left out (and counted); a speedup mean over fewer rows than the
+    group's (rows without that baseline) says over how many."""
+    ok = COLUMNS["ok"][2]
+    paper = [r for r in rows if r["model"] in PAPER_MODELS and ok(r) == "yes"]
+    left_out = sum(1 for r in rows if r["model"] in PAPER_MODELS and ok(r) != "yes")
     if not paper:
-        return []
+        return [f"mean over the paper's presets: none ({left_out} rows whose checks failed left out)"] if left_out else []
     groups = {}
     for r in paper:
         groups.setdefault(group(r), []).append(r)
@@ -80,7 +84,8 @@ def summary(rows, group):
         for key, label in (("speedup_over_sequential", "vs sequential"), ("speedup_over_chunked", "vs chunked")):
             values = [r[key] for r in rs if key in r]
             if values:
-                parts.append(f"{label} {mean(values):.2f}x ({min(values):.2f}-{max(values):.2f})")
+                covered = "" if len(values) == len(rs) else f", {len(values)} rows with that baseline"
+                parts.append(f"{label} {mean(values):.2f}x ({min(values):.2f}-{max(values):.2f}{covered})")
         hidden = [r["hidden_fraction"] for r in rs if "hidden_fraction" in r]
         if hidden:
             parts.append(f"hidden {100 * mean(hidden):.1f}%")
@@ -88,6 +93,8 @@ def summary(rows, group):
         if bound:
             parts.append(f"x bound {mean(bound):.2f}")
         lines.append(f"mean over the paper's presets, {name}: " + ", ".join(parts))
+    if left_out:
+        lines.append(f"left out of the means: {left_out} rows whose checks failed (ok = NO)")
     lines.append(f"paper (8 H800s): {PAPER_SPEEDUP:.2f}x mean speedup, {100 * PAPER_HIDDEN:.1f}% hidden communication")
     return lines
 
@@ -113,7 +120,7 @@ def main():
     if view == "multi":
         lines = summary(rows, lambda r: f"EP {r['ep']} x TP {r['tp']}")
     elif view == "paper":
-        lines = summary(rows, lambda r: f"link {r['link_gbps']:g} GB/s")
+        lines = summary(rows, lambda r: f"link {r['link_gbps']:g} GB/s, {r['link_latency_us']:g} us")
     else:
         lines = []
     if lines:

@@ -18,6 +18,16 @@ def row(model, ep, tp, seq, chunked, hidden, bound, T=2048):
             "baselines_match": True}
 
 
+def run_script(view, rows):
+    """grid_table.py VIEW on a directory holding `rows` as one JSON file; it must exit 0."""
+    with tempfile.TemporaryDirectory() as out:
+        with open(os.path.join(out, "grid.json"), "w") as f:
+            json.dump(rows, f)
+        done = subprocess.run([sys.executable, grid_table.__file__, view, out], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def main():
     rows = [row("mixtral-8x7b", 2, 1, 1.2, 1.5, 0.0, 1.3), row("phi-3.5-moe", 2, 1, 1.6, 2.5, 0.5, 1.5),
             row("qwen2-moe-2.7b", 1, 2, 2.0, 3.0, 1.0, 2.0),
@@ -35,14 +45,23 @@ def main():
     assert one[0] == "mean over the paper's presets, x: 1 rows, hidden 0.0%, x bound 1.30", one
     assert len(one) == 2, one
     assert grid_table.summary([rows[3]], lambda r: "x") == []
+    # A speedup mean over fewer rows than the group says so; rows whose checks failed are left out.
+    failed = dict(rows[1], fused_equals_unfused=False)
+    mixed = grid_table.summary([bare, rows[0], failed], lambda r: "x")
+    assert mixed[0] == ("mean over the paper's presets, x: 2 rows, vs sequential 1.20x (1.20-1.20, 1 rows with that "
+                        "baseline), vs chunked 1.50x (1.50-1.50, 1 rows with that baseline), hidden 0.0%, x bound 1.30"), mixed
+    assert mixed[1] == "left out of the means: 1 rows whose checks failed (ok = NO)", mixed
+    assert grid_table.summary([failed], lambda r: "x") == [
+        "mean over the paper's presets: none (1 rows whose checks failed left out)"]
     # The script: the table, then the means (multi view), exit code 0.
-    with tempfile.TemporaryDirectory() as out:
-        with open(os.path.join(out, "grid.json"), "w") as f:
-            json.dump(rows, f)
-        done = subprocess.run([sys.executable, grid_table.__file__, "multi", out], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done = run_script("multi", rows)
     assert "mean over the paper's presets, all: 3 rows" in done.stdout, done.stdout
     assert done.stdout.index("qwen3-30b-a3b") < done.stdout.index("mean over"), done.stdout
+    # The paper view groups by link, latency included.
+    linked = [dict(r, link_gbps=450.0, link_latency_us=lat, comm_link_gbps=300.0) for r, lat in zip(rows, (2, 2, 10, 2))]
+    done = run_script("paper", linked)
+    assert "mean over the paper's presets, link 450 GB/s, 2 us: 2 rows" in done.stdout, done.stdout
+    assert "mean over the paper's presets, link 450 GB/s, 10 us: 1 rows" in done.stdout, done.stdout
     print("grid_table: ok")
 
 
