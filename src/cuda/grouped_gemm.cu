@@ -1,6 +1,7 @@
 // Host side of the grouped GEMM: shape rules, weight packing, the device tile-list builder.
 #include <algorithm>
 #include <sstream>
+#include <utility>
 
 #include "comet/dtype.h"
 #include "cuda/check.h"
@@ -90,6 +91,12 @@ Status can_implement(const GroupedGemmArgs& a) {
     return Status::failure(os.str());
   }
   if (!a.a || !a.b || !a.d || !a.tiles || !a.num_tiles || !a.error) return Status::failure("grouped GEMM: a null pointer among a, b, d, tiles, num_tiles, error");
+  // TMA reads A and B from 16-byte aligned addresses only; the epilogue stores D 16 bytes at a time.
+  for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"a", a.a}, {"b", a.b}, {"d", a.d}})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+      os << "grouped GEMM: " << name << " is not 16-byte aligned (TMA loads and 16-byte stores need it)";
+      return Status::failure(os.str());
+    }
   if ((a.wait_flags == nullptr) != (a.wait_targets == nullptr))
     return Status::failure("grouped GEMM: wait_flags and wait_targets must be given together");
   const GemmKernel kernel = resolve_gemm_kernel(a);

@@ -544,13 +544,21 @@ TEST(GroupedGemm, CanImplementRefusesBadShapes) {
   a.max_rows = 256;
   a.n = 256;
   a.k = 100;  // not a multiple of 8
-  int dummy = 0;
-  a.a = a.b = &dummy;
-  a.d = &dummy;
-  a.tiles = reinterpret_cast<const GemmTile*>(&dummy);
-  a.num_tiles = &dummy;
-  a.error = reinterpret_cast<DeviceError*>(&dummy);
+  alignas(16) int dummy[4] = {};
+  a.a = a.b = dummy;
+  a.d = dummy;
+  a.tiles = reinterpret_cast<const GemmTile*>(dummy);
+  a.num_tiles = dummy;
+  a.error = reinterpret_cast<DeviceError*>(dummy);
+  // TMA needs 16-byte aligned operands.
+  a.k = 256;
+  a.b = reinterpret_cast<const char*>(dummy) + 8;
   Status s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("b is not 16-byte aligned"), std::string::npos) << s.reason;
+  a.b = dummy;
+  a.k = 100;  // not a multiple of 8
+  s = can_implement(a);
   EXPECT_FALSE(s.ok);
   EXPECT_NE(s.reason.find("K=100"), std::string::npos) << s.reason;
   a.k = 256;
