@@ -104,6 +104,16 @@ void poison_all_y(const LayerConfig& c, const Inputs& in, int tokens) {
     COMET_CUDA_CHECK(cudaMemcpy(t.y, nan.data(), nan.size() * 2, cudaMemcpyHostToDevice));
 }
 
+// Every rank's y rows after one forward of `layer` with its current options into poisoned y,
+// checked for device errors (the comparisons of fused, unfused and traced forwards read this).
+std::vector<uint16_t> checked_forward(MoeLayer& layer, const LayerConfig& c, const Inputs& in, int tokens,
+                                      cudaStream_t stream) {
+  poison_all_y(c, in, tokens);
+  layer.forward(in.tensors, stream);
+  layer.check(stream);
+  return download_all_y(c, in, tokens);
+}
+
 // got against want (bf16 bits, every rank concatenated) with the oracle's comparison.
 ref::Comparison compare_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
   std::vector<std::vector<float>> g(1);
@@ -191,10 +201,7 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
                bool several_rows, const std::vector<uint16_t>& want, LayerBenchRow& row, cudaStream_t stream) {
   options.trace = true;
   layer.set_options(options);
-  poison_all_y(c, in, row.tokens);
-  layer.forward(in.tensors, stream);
-  layer.check(stream);
-  row.fused_equals_unfused = row.fused_equals_unfused && download_all_y(c, in, row.tokens) == want;
+  row.fused_equals_unfused = row.fused_equals_unfused && checked_forward(layer, c, in, row.tokens, stream) == want;
   Trace t = layer.read_trace(stream);
   options.trace = false;
   layer.set_options(options);
@@ -279,9 +286,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     LayerOptions unfused;
     unfused.link = o.link;
     layer.set_options(unfused);
-    layer.forward(in->tensors, stream);
-    layer.check(stream);
-    const std::vector<uint16_t> want = download_all_y(c, *in, tokens);
+    const std::vector<uint16_t> want = checked_forward(layer, c, *in, tokens, stream);
     // The baselines once per workload, verified against the same output; every row of the
     // sweep starts from their fields.
     LayerBenchRow baseline_row;
@@ -323,16 +328,10 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.layer0_stages = stages;
           row.unfused_gemms = unfused_gemms;
           row.n_comm_source = layer.n_comm().source;
-          poison_all_y(c, *in, tokens);
-          layer.forward(in->tensors, stream);
-          layer.check(stream);
-          row.fused_equals_unfused = download_all_y(c, *in, tokens) == want;
+          row.fused_equals_unfused = checked_forward(layer, c, *in, tokens, stream) == want;
           if (unfused_gemms != unfused.unfused_gemms) {  // this row's unfused GEMMs give the same output too
             layer.set_options(unfused_row);
-            poison_all_y(c, *in, tokens);
-            layer.forward(in->tensors, stream);
-            layer.check(stream);
-            row.fused_equals_unfused = row.fused_equals_unfused && download_all_y(c, *in, tokens) == want;
+            row.fused_equals_unfused = row.fused_equals_unfused && checked_forward(layer, c, *in, tokens, stream) == want;
           }
 
           std::vector<Variant> variants = {
