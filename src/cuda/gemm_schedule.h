@@ -87,7 +87,7 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* row_p
 // Why pieces in part-major order and not stream-K's contiguous k ranges per slot: Mixtral's GEMM1
 // tiles need L2 reuse (7.3 MB of operands per 128 x 128 tile; a wave reads each A row block
 // for 4 column blocks at once). Stream-K slots start mid-tile at different k, so tiles that
-// share A are no longer read in step; measured on the H200 that was up to 15% slower than no
+// share A are no longer read in step; measured on the H200 that was up to 17% slower than no
 // split (docs/results/2026-11-30-split-tiles.md). Here every round runs one part of consecutive
 // tiles, in step, as a wave of whole tiles does.
 struct GemmSplitPlan {
