@@ -284,6 +284,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     const LayerCost cost = layer_cost(c, plan, gpu);
     // The unfused output once per workload: every fused variant must equal it bitwise.
     LayerOptions unfused;
+    unfused.path = ForwardPath::kUnfused;  // not kTuned: a --tuning table could choose fused
     unfused.link = o.link;
     layer.set_options(unfused);
     const std::vector<uint16_t> want = checked_forward(layer, c, *in, tokens, stream);
@@ -304,7 +305,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
                          std::to_string(w.tp) + " routing " + w.routing.describe());
           LayerOptions fused;
           fused.link = o.link;
-          fused.fused = true;
+          fused.path = ForwardPath::kFused;
           fused.unfused_gemms = unfused_gemms;  // compute-only runs the unfused GEMMs under either
           LayerOptions unfused_row = unfused;
           unfused_row.unfused_gemms = unfused_gemms;

@@ -1,6 +1,7 @@
 // `comet tune`: sweeps n_comm0 x n_comm1 of the fused kernels over workloads (W virtual ranks on
 // this GPU, or one GPU per rank with --fabric local|nccl) and writes the fastest pair of each
-// workload into a tuning table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md).
+// workload into a tuning table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md),
+// with the unfused forward's time beside it: ForwardPath::kTuned runs the faster of the two.
 //   comet tune --models mixtral-8x7b --tokens 1024,4096 --out tuning/nvidia-h200.json
 //   comet launch -n 2 -- comet tune --fabric nccl --ep 2 --models mixtral-8x7b --out tuning/nvidia-h200.json
 #include <cmath>
@@ -23,7 +24,8 @@
 namespace comet::tools {
 
 CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
-  CLI::App* t = app.add_subcommand("tune", "sweep n_comm of the fused kernels and write a tuning table (needs a GPU)");
+  CLI::App* t = app.add_subcommand(
+      "tune", "sweep n_comm of the fused kernels, time the unfused forward beside them, write a tuning table (needs a GPU)");
   t->add_option("--models", o.models, "presets, comma separated (default: all)")->delimiter(',');
   t->add_option("--tokens", o.tokens, "tokens per rank, comma separated")->delimiter(',');
   t->add_option("--ep", o.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
@@ -79,7 +81,8 @@ int tune_command(const TuneOptions& o) {
     LayerConfig c;
     c.model = ModelPresets::get(r.model);
     c.layout = {r.world, r.ep, r.tp};
-    samples.push_back({tuning_key(c, info.name, info.num_sms, r.tokens, gpus), r.n_comm0, r.n_comm1, r.fused_us});
+    samples.push_back({tuning_key(c, info.name, info.num_sms, r.tokens, gpus), r.n_comm0, r.n_comm1, r.fused_us,
+                       r.unfused_us});
   }
   if (quiet) return 0;
   const TuneSummary s = summarize_tuning(samples);
@@ -87,7 +90,8 @@ int tune_command(const TuneOptions& o) {
   io::save_tuning_table(table, o.out);
 
   std::cout << std::left << std::setw(16) << "model" << std::right << std::setw(7) << "T" << std::setw(10) << "n_comm"
-            << std::setw(12) << "tuned us" << std::setw(12) << "fixed us" << "\n"
+            << std::setw(12) << "tuned us" << std::setw(12) << "fixed us" << std::setw(12) << "unfused us"
+            << std::setw(9) << "path" << "\n"
             << std::fixed << std::setprecision(1);
   for (const TuningEntry& e : s.table.entries()) {
     double fixed = 0;
@@ -102,7 +106,8 @@ int tune_command(const TuneOptions& o) {
         model = r.model;
     std::cout << std::left << std::setw(16) << model << std::right << std::setw(7) << e.key.tokens_per_rank
               << std::setw(10) << (std::to_string(e.n_comm0) + "/" + std::to_string(e.n_comm1)) << std::setw(12)
-              << e.latency_us << std::setw(12) << fixed << "\n";
+              << e.latency_us << std::setw(12) << fixed << std::setw(12) << e.unfused_us << std::setw(9)
+              << (e.fused_faster() ? "fused" : "unfused") << "\n";
   }
   std::cout << "best single fixed n_comm: " << s.fixed_n_comm0 << "/" << s.fixed_n_comm1 << ", summed "
             << s.fixed_total_us << " us; tuned choices summed " << s.tuned_total_us << " us ("

@@ -31,7 +31,7 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const GpuRunOp
   MoeLayer layer(config, *fabric);
   layer.set_weights(p.weights);
   LayerOptions lo;
-  lo.fused = options.fused || options.trace;
+  lo.path = options.fused || options.trace ? ForwardPath::kFused : ForwardPath::kUnfused;
   lo.trace = options.trace;
   lo.link = options.link;
   lo.layer0_stages = options.layer0_stages;

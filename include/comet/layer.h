@@ -21,8 +21,9 @@
 // - forward() is asynchronous on `stream` and never synchronizes; a device-side problem (bad
 //   token count or expert id, a timeout) is recorded and reported by check().
 // - config.tiles is replaced by the GPU kernels' tile shapes (block_m = 128).
-// - By default forward() runs the unfused pipeline (one kernel per step, docs/gpu_layer.md);
-//   LayerOptions::fused runs the two Comet kernels instead (comm blocks + GEMM blocks).
+// - forward() runs the unfused pipeline (one kernel per step, docs/gpu_layer.md) or the two
+//   Comet kernels (comm blocks + GEMM blocks): LayerOptions::path. By default the faster of the
+//   two as the tuning table measured it (set_tuning_table), the unfused pipeline without one.
 #pragma once
 
 #include <cstdint>
@@ -54,9 +55,20 @@ class Fabric;
 // Both give the same output bit for bit.
 enum class UnfusedGemms { kFusedSchedule, kAuto };
 
-// How forward() runs. The fused Comet kernels are opt-in until verified on GPUs (docs/gpu_layer.md).
+// Which forward() runs. Both compute the same output bit for bit (docs/gpu_layer.md).
+enum class ForwardPath {
+  kUnfused,  // the unfused pipeline: one kernel per step
+  kFused,    // the two fused Comet kernels
+  // The one the nearest tuning-table entry measured faster (comet/tuning.h, choose_path); the
+  // unfused pipeline when no entry is near or an entry lacks the unfused time. path() says which.
+  // Neither wins everywhere: on one H200 (W = 8) fused is faster for the large-expert presets at
+  // large T and slower for the small-expert ones (docs/gpu_layer.md).
+  kTuned,
+};
+
+// How forward() runs.
 struct LayerOptions {
-  bool fused = false;  // false: the unfused pipeline (one kernel per step)
+  ForwardPath path = ForwardPath::kTuned;
   UnfusedGemms unfused_gemms = UnfusedGemms::kFusedSchedule;
   // Communication blocks of each fused kernel; 0 chooses: the nearest tuning-table entry
   // (set_tuning_table, comet/tuning.h) or else the analytic cost model; n_comm_source() says which.
@@ -72,7 +84,7 @@ struct LayerOptions {
   int layer0_stages = 0;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
-  // Record the fused kernels' timeline (needs fused): per block, every GEMM tile, the GEMM
+  // Record the fused kernels' timeline (needs path kFused): per block, every GEMM tile, the GEMM
   // producer's waits, and the communication chunks and waits (docs/gpu_layer.md "Timeline");
   // read_trace() returns it. Off: no records, no cost beyond a null test per tile and chunk.
   bool trace = false;
@@ -112,6 +124,9 @@ class MoeLayer {
   // The n_comm the fused kernels use, and where they come from ("options", "tuning table: ...",
   // "cost model: ..."). Tokens per rank are taken as T_max: the host never reads the live count.
   NCommChoice n_comm() const;
+  // The path forward() runs (LayerOptions::path resolved) and why ("options" or the tuning
+  // table's verdict); like n_comm(), looked up at T_max.
+  PathChoice path() const;
 
   // Benchmarks only. Deterministic pseudo-random weights (uniform, scale 1/sqrt(fan-in)) written
   // on the device: full-size presets have more weights than fit in host fp32.

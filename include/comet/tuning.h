@@ -1,5 +1,6 @@
 // comet/tuning.h: how many thread blocks communicate (n_comm) in each fused kernel, from a
-// tuning table measured by `comet tune`, or from the analytic cost model when no entry is near.
+// tuning table measured by `comet tune`, or from the analytic cost model when no entry is near;
+// and which forward path (fused kernels or unfused pipeline) the table measured faster.
 //
 // Lookup (DESIGN §5): an entry applies only to the same GPU (name and SM count), the same expert
 // shape (H, F, E, topk) and the same layout (W, EP, TP) on the same number of GPUs; among
@@ -40,6 +41,11 @@ struct TuningEntry {
   TuningKey key;
   int n_comm0 = 0, n_comm1 = 0;
   double latency_us = 0;  // fused forward latency measured with these values
+  // The unfused pipeline's forward on the same workload, measured in the same run (0: not
+  // measured, as in tables written before it was recorded).
+  double unfused_us = 0;
+  // Whether the fused forward measured faster than the unfused one (false when either is missing).
+  bool fused_faster() const { return latency_us > 0 && unfused_us > 0 && latency_us < unfused_us; }
 };
 
 class TuningTable {
@@ -72,13 +78,24 @@ int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, doubl
 NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const LayerConfig& config,
                           const LayerCost& cost, const GpuSpec& gpu);
 
+// Which forward LayerOptions' ForwardPath::kTuned runs (comet/layer.h): the fused kernels when
+// the nearest entry (as for n_comm: within kMaxTuningDistance) measured them faster than the
+// unfused pipeline, else the unfused pipeline; `source` says which entry decided, or why none did.
+struct PathChoice {
+  bool fused = false;
+  std::string source;
+};
+PathChoice choose_path(const TuningTable* table, const TuningKey& key);
+
 // `comet tune`: every (workload, n_comm0, n_comm1) measured once. The table keeps each
 // workload's fastest pair; best_fixed is the single pair whose summed latency over all
 // workloads is lowest (the comparison docs/results/ reports), among pairs measured everywhere.
+// An entry's unfused_us is the median of its workload's unfused measurements.
 struct TuneSample {
   TuningKey key;
   int n_comm0 = 0, n_comm1 = 0;
-  double latency_us = 0;
+  double latency_us = 0;  // the fused forward
+  double unfused_us = 0;  // the unfused forward measured beside it (0: not measured)
 };
 struct TuneSummary {
   TuningTable table;

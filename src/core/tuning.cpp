@@ -109,6 +109,28 @@ NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const 
   return choice;
 }
 
+PathChoice choose_path(const TuningTable* table, const TuningKey& key) {
+  PathChoice choice;
+  std::ostringstream os;
+  if (table) {
+    if (const auto m = table->nearest(key); m && m->distance <= kMaxTuningDistance) {
+      const TuningEntry& e = *m->entry;
+      choice.fused = e.fused_faster();
+      os << (choice.fused ? "fused" : "unfused") << ": tuning table entry for " << e.key.tokens_per_rank
+         << " tokens/rank (distance " << m->distance << "), ";
+      if (e.unfused_us > 0 && e.latency_us > 0)
+        os << "fused " << e.latency_us << " us, unfused " << e.unfused_us << " us";
+      else
+        os << "the unfused forward was not measured";
+      choice.source = os.str();
+      return choice;
+    }
+  }
+  os << "unfused: no tuning entry within a factor of 2 in tokens for " << key.describe();
+  choice.source = os.str();
+  return choice;
+}
+
 TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
   COMET_CHECK(!samples.empty(), "summarize_tuning: no measurements");
   TuneSummary out;
@@ -138,8 +160,18 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
     t.first += s.latency_us;
     ++t.second;
   }
+  // Every fused sample of a workload timed the unfused forward beside it: their median.
+  std::vector<std::vector<double>> unfused(workloads.size());
+  for (const TuneSample& s : samples)
+    if (s.unfused_us > 0) unfused[workload_of(s.key)].push_back(s.unfused_us);
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
   for (size_t w = 0; w < workloads.size(); ++w) {
-    out.table.add(TuningEntry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us});
+    out.table.add(TuningEntry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us, median(unfused[w])});
     out.tuned_total_us += best[w]->latency_us;
   }
   bool found = false;

@@ -1,5 +1,5 @@
 // MoeLayer: the MoE layer on GPUs, as the unfused pipeline (one kernel per step) or the two
-// fused Comet kernels (LayerOptions::fused).
+// fused Comet kernels (LayerOptions::path).
 //
 // Per call and rank r:
 //   1. publish: copy x, routing and the token count into r's symmetric regions
@@ -150,14 +150,19 @@ struct MoeLayer::Impl {
   LayerOptions options;
   TuningTable tuning;
   NCommChoice n_comm;  // resolved from options, the tuning table or the cost model
-  void resolve_n_comm() {
+  PathChoice path;     // resolved from options or the tuning table
+  bool fused_path() const { return path.fused; }
+  // The path and n_comm from options, the tuning table (nearest entry at T_max) or the cost model.
+  void resolve_choices() {
+    const cuda::DeviceInfo info = cuda::query_device_info();
+    const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
+    const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
+    if (options.path == ForwardPath::kTuned) path = choose_path(&tuning, key);
+    else path = {options.path == ForwardPath::kFused, "options"};
     if (options.n_comm0 > 0 && options.n_comm1 > 0) {
       n_comm = {options.n_comm0, options.n_comm1, "options"};
       return;
     }
-    const cuda::DeviceInfo info = cuda::query_device_info();
-    const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
-    const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
     GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
     gpu.num_sms = info.num_sms;
     if (options.link.on()) gpu.link_gbps = options.link.gbps;  // the link the copies are paced to
@@ -172,14 +177,14 @@ struct MoeLayer::Impl {
   }
   int layer0_group_m() const {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
-    return options.fused ? kFusedLayer0GroupM : cuda::kRasterGroupM;
+    return fused_path() ? kFusedLayer0GroupM : cuda::kRasterGroupM;
   }
   // Stages of the layer0 order (Layer0Schedule). Unfused, every row is in place before GEMM0:
   // one stage. Fused, one stage per source re-reads each expert's weights W times (qwen3, W = 8
   // on one GPU: GEMM0 read 1.04 GB for 133 MB of A and 100 MB of B), while the dispatch is short
   // next to GEMM0: default_layer0_stages (comet/plan.h, docs/gpu_layer.md).
   int layer0_stages() const {
-    if (!options.fused) return 1;
+    if (!fused_path()) return 1;
     if (options.layer0_stages > 0) return options.layer0_stages;
     return default_layer0_stages(config.layout.world);
   }
@@ -443,7 +448,7 @@ struct MoeLayer::Impl {
   }
 
   void forward(const std::vector<RankTensors>& in, cudaStream_t stream) {
-    const bool fused_kernels = options.fused;
+    const bool fused_kernels = fused_path();
     const Signals signals = fused_kernels ? Signals::kOn : Signals::kOff;
     auto tensors = [&](const Rank& k) -> const RankTensors& { return in[k.rank - fabric.first_local_rank()]; };
     // A fused launch that fails on the host after the plan kernels advanced the epoch bases
@@ -645,7 +650,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     }
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  m.resolve_n_comm();
+  m.resolve_choices();
   COMET_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, m.ranks[0].device));
 }
 
@@ -660,21 +665,23 @@ void MoeLayer::set_options(const LayerOptions& o) {
   COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
   COMET_CHECK(o.layer0_stages >= 0, "MoeLayer: layer0_stages must be >= 0 (0 chooses), got " << o.layer0_stages);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
-  COMET_CHECK(!o.trace || o.fused, "MoeLayer: LayerOptions::trace records the fused kernels; set fused too");
+  COMET_CHECK(!o.trace || o.path == ForwardPath::kFused,
+              "MoeLayer: LayerOptions::trace records the fused kernels; set path to ForwardPath::kFused too");
   COMET_CHECK(o.trace_chunk_capacity >= 0 && o.trace_chunk_capacity < (int64_t(1) << 31),
               "MoeLayer: trace_chunk_capacity must be in [0, 2^31), got " << o.trace_chunk_capacity);
   const Status link = o.link.validate();
   COMET_CHECK(link.ok, "MoeLayer: " << link.reason);
   impl_->options = o;
-  impl_->resolve_n_comm();
+  impl_->resolve_choices();
 }
 
 void MoeLayer::set_tuning_table(const TuningTable& table) {
   impl_->tuning = table;
-  impl_->resolve_n_comm();
+  impl_->resolve_choices();
 }
 
 NCommChoice MoeLayer::n_comm() const { return impl_->n_comm; }
+PathChoice MoeLayer::path() const { return impl_->path; }
 
 void MoeLayer::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;
@@ -761,7 +768,7 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
     COMET_CHECK(in[i].x && in[i].expert_ids && in[i].weights && in[i].num_tokens && in[i].y,
                 "MoeLayer: rank " << first + i << " has a null tensor pointer");
   // Trace buffers first: allocating them may throw, and must not once the plans advanced epochs.
-  const bool traced = m.options.fused && m.options.trace;
+  const bool traced = m.fused_path() && m.options.trace;
   if (traced) m.prepare_trace(stream);
   m.trace.last_forward_traced = traced;
   m.forward(in, stream);

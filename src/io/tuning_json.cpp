@@ -11,7 +11,8 @@ namespace comet::io {
 
 namespace {
 const std::set<std::string> kEntryKeys = {"gpu", "num_sms", "hidden", "ffn", "experts", "topk", "world", "ep",
-                                          "tp", "gpus", "tokens_per_rank", "n_comm0", "n_comm1", "latency_us"};
+                                          "tp", "gpus", "tokens_per_rank", "n_comm0", "n_comm1", "latency_us",
+                                          "unfused_us"};
 }  // namespace
 
 std::string tuning_table_json(const TuningTable& table) {
@@ -21,7 +22,7 @@ std::string tuning_table_json(const TuningTable& table) {
     entries.push_back({{"gpu", k.gpu}, {"num_sms", k.num_sms}, {"hidden", k.hidden}, {"ffn", k.ffn},
                        {"experts", k.num_experts}, {"topk", k.topk}, {"world", k.world}, {"ep", k.ep}, {"tp", k.tp},
                        {"gpus", k.gpus}, {"tokens_per_rank", k.tokens_per_rank}, {"n_comm0", e.n_comm0}, {"n_comm1", e.n_comm1},
-                       {"latency_us", e.latency_us}});
+                       {"latency_us", e.latency_us}, {"unfused_us", e.unfused_us}});
   }
   return nlohmann::json{{"format", kTuningFormat}, {"entries", entries}}.dump(2) + "\n";
 }
@@ -60,7 +61,14 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
                 where << ": \"gpus\" is " << gpus << ", must be 1 (virtual ranks) or world (" << entry.key.world << ")");
     entry.n_comm0 = integer("n_comm0");
     entry.n_comm1 = integer("n_comm1");
-    entry.latency_us = e.contains("latency_us") && e["latency_us"].is_number() ? e["latency_us"].get<double>() : 0.0;
+    auto microseconds = [&](const char* key) {  // optional: 0 when absent
+      if (!e.contains(key)) return 0.0;
+      COMET_CHECK(e[key].is_number() && e[key].get<double>() >= 0, where << ": \"" << key << "\" must be a number >= 0");
+      return e[key].get<double>();
+    };
+    entry.latency_us = microseconds("latency_us");
+    // "unfused_us" came later: without it the table cannot say the fused forward is faster.
+    entry.unfused_us = microseconds("unfused_us");
     try {
       table.add(entry);
     } catch (const Error& err) {

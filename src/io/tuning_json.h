@@ -4,8 +4,11 @@
 //   {"format": "comet-tuning-1",
 //    "entries": [{"gpu": "NVIDIA H200", "num_sms": 132, "hidden": 4096, "ffn": 14336,
 //                 "experts": 8, "topk": 2, "world": 8, "ep": 8, "tp": 1, "gpus": 1,
-//                 "tokens_per_rank": 4096, "n_comm0": 24, "n_comm1": 20, "latency_us": 1234.5}]}
+//                 "tokens_per_rank": 4096, "n_comm0": 24, "n_comm1": 20, "latency_us": 1234.5,
+//                 "unfused_us": 1300.0}]}
 // "gpus" (TuningKey::gpus: 1 or world) may be absent: 1, as in tables written before it existed.
+// "latency_us" (the fused forward) and "unfused_us" (the unfused forward, same run) may be
+// absent: 0, not measured; an entry without both never chooses the fused path (choose_path).
 #pragma once
 
 #include <string>

@@ -176,7 +176,7 @@ TEST_P(LayerTraceTest, EveryTileOnceCommOnCommBlocksBitwiseEqualToUntraced) {
   for (auto [n0, n1] : {std::pair{16, 4}, {1, 1}}) {
     SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
     LayerOptions o;
-    o.fused = true;
+    o.path = ForwardPath::kFused;
     o.n_comm0 = n0;
     o.n_comm1 = n1;
     const auto untraced = rig.forward(o, stream);
@@ -207,7 +207,7 @@ TEST(LayerTrace, ASmallBufferDropsAndCountsCommunicationRecords) {
   COMET_REQUIRE_GPU();
   Rig rig(LayerCase{"deepseek-v3", 16, 4, 1, 512, {512, 300, 0, 512}, {}, 3});
   LayerOptions o;
-  o.fused = true;
+  o.path = ForwardPath::kFused;
   o.n_comm0 = 8;
   o.n_comm1 = 2;
   const auto untraced = rig.forward(o, nullptr);

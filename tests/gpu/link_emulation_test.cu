@@ -50,7 +50,7 @@ std::vector<std::vector<float>> run(Layer& layer, cuda::DeviceProblem& d) {
 
 LayerOptions layer_options(bool fused, int n0, int n1, const LinkEmulation& link) {
   LayerOptions o;
-  o.fused = fused;
+  o.path = fused ? ForwardPath::kFused : ForwardPath::kUnfused;
   o.n_comm0 = n0;
   o.n_comm1 = n1;
   o.link = link;

@@ -50,7 +50,7 @@ std::vector<std::vector<float>> run(const LayerConfig& c, const MoeProblem& p, f
   MoeLayer layer(c, f);
   layer.set_weights(p.weights);
   LayerOptions o;
-  o.fused = fused;
+  o.path = fused ? ForwardPath::kFused : ForwardPath::kUnfused;
   layer.set_options(o);
   cuda::DeviceProblem d(c, p, &f);
   layer.forward(d.tensors(), nullptr);
@@ -91,7 +91,7 @@ TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
   MoeLayer layer(c, *f);
   layer.set_weights(first.weights);
   LayerOptions o;
-  o.fused = true;
+  o.path = ForwardPath::kFused;
   layer.set_options(o);
   cuda::DeviceProblem d(c, first, f.get());
   testing::CapturedForward graph(layer, d.tensors());
@@ -121,7 +121,7 @@ TEST(MoeLayerLocal, WithheldRankTimesOutNamingItAndRecovers) {
   layer.set_weights(p.weights);
   cuda::DeviceProblem d(c, p, f.get());
   LayerOptions o;
-  o.fused = true;
+  o.path = ForwardPath::kFused;
   testing::expect_withheld_rank_times_out_then_recovers(layer, d, p, o, W - 1);
 }
 

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "comet/layer.h"
 #include "comet/problem.h"
 #include "captured_forward.h"
+#include "cuda/device_info.h"
 #include "cuda/device_problem.h"
 #include "fabric/fabric.h"
 #include "gpu_test_util.h"
@@ -16,6 +18,7 @@
 #include "layer_checks.h"
 #include "layer_rig.h"
 #include "ref/oracle.h"
+#include "support/test_support.h"
 
 namespace comet {
 namespace {
@@ -154,7 +157,7 @@ void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
   for (auto [n0, n1] : n_comms) {
     SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
     LayerOptions o;
-    o.fused = true;
+    o.path = ForwardPath::kFused;
     o.n_comm0 = n0;
     o.n_comm1 = n1;
     layer.set_options(o);
@@ -242,7 +245,7 @@ TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
     SCOPED_TRACE(link.describe());
     LayerRig rig(LayerCase{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11});
     LayerOptions o;
-    o.fused = true;
+    o.path = ForwardPath::kFused;
     o.link = link;
     testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, 2);
   }
@@ -256,7 +259,7 @@ TEST(MoeLayer, BenchmarkPartsLeaveTheNextForwardUnchanged) {
   MoeLayer& layer = rig.layer;
   cuda::DeviceProblem& d = rig.device;
   LayerOptions o;
-  o.fused = true;
+  o.path = ForwardPath::kFused;
   const auto want = rig.forward(o);
   for (MoeLayer::Part part : {MoeLayer::Part::kGemms, MoeLayer::Part::kCommunication, MoeLayer::Part::kPlan,
                               MoeLayer::Part::kFusedGemms}) {
@@ -268,6 +271,48 @@ TEST(MoeLayer, BenchmarkPartsLeaveTheNextForwardUnchanged) {
     layer.check(nullptr);
     EXPECT_EQ(d.download_y(), want);
   }
+}
+
+// ForwardPath::kTuned: unfused without a table or with an entry whose fused forward was slower,
+// fused (with the entry's n_comm) where the entry measured it faster; the output is the same bit
+// for bit. Which kernels ran is observed through the fault injection: a stalled rank's
+// communication blocks exist only in the fused kernels, so only the fused path times out.
+TEST(MoeLayer, TunedPathFollowsTheTableEntry) {
+  COMET_REQUIRE_GPU();
+  LayerRig rig(LayerCase{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 9});
+  MoeLayer& layer = rig.layer;
+  LayerOptions tuned;  // path kTuned, the default
+  const auto want = rig.forward(tuned);
+  EXPECT_FALSE(layer.path().fused);
+  EXPECT_NE(layer.path().source.find("no tuning entry"), std::string::npos) << layer.path().source;
+
+  const cuda::DeviceInfo info = cuda::query_device_info();
+  const TuningKey key = tuning_key(rig.config, info.name, info.num_sms, rig.config.max_tokens_per_rank);
+  TuningTable slower, faster;
+  slower.add({key, 16, 2, 300.0, 200.0});
+  faster.add({key, 16, 2, 100.0, 200.0});
+  LayerOptions stalled = tuned;
+  stalled.stall_rank = 1;
+  stalled.timeout_s = 0.2;
+
+  layer.set_tuning_table(slower);
+  EXPECT_FALSE(layer.path().fused);
+  EXPECT_EQ(rig.forward(stalled), want) << "the unfused path has no communication blocks to stall";
+
+  layer.set_tuning_table(faster);
+  EXPECT_TRUE(layer.path().fused);
+  EXPECT_NE(layer.path().source.find("fused: tuning table entry"), std::string::npos) << layer.path().source;
+  EXPECT_EQ(layer.n_comm().n_comm0, 16);
+  testing::expect_withheld_rank_times_out_then_recovers(layer, rig.device, rig.problem, tuned, 1);
+  EXPECT_EQ(rig.forward(tuned), want) << "the tuned fused path differs from the unfused output";
+
+  LayerOptions forced = tuned;  // options override the table
+  forced.path = ForwardPath::kUnfused;
+  layer.set_options(forced);
+  EXPECT_FALSE(layer.path().fused);
+  EXPECT_EQ(layer.path().source, "options");
+  forced.trace = true;  // tracing records the fused kernels: only with kFused
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(forced); }, {"trace", "kFused"}));
 }
 
 TEST(MoeLayer, RefusesConfigurationsItCannotRun) {

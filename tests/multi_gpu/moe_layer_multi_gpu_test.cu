@@ -60,7 +60,7 @@ TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
       SCOPED_TRACE(k.model + " TP=" + std::to_string(k.tp) + (fused ? " fused" : " unfused"));
       const LayerConfig c = config_of(k, W);
       LayerOptions o;
-      o.fused = fused;
+      o.path = fused ? ForwardPath::kFused : ForwardPath::kUnfused;
       MoeLayer layer(c, f);  // collective (allocates the symmetric heap)
       ExpertWeights weights;
       for (int call = 0; call < 2; ++call) {  // new routing and token counts, same buffers
@@ -102,7 +102,7 @@ TEST(MoeLayerNccl, GraphReplay) {
   MoeLayer layer(c, f);
   layer.set_weights(first.weights);
   LayerOptions o;
-  o.fused = true;
+  o.path = ForwardPath::kFused;
   layer.set_options(o);
   cuda::DeviceProblem d(c, first, &f);
   testing::CapturedForward graph(layer, d.tensors());

@@ -1,5 +1,5 @@
 // unit/tuning_test.cpp: tuning table lookup (exact workload class, nearest tokens, distance
-// limit, ties), the analytic n_comm fallback, and the JSON format.
+// limit, ties), the analytic n_comm fallback, the forward path choice, and the JSON format.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -172,6 +172,68 @@ TEST(Tuning, SummaryKeepsEachWorkloadsFastestPairAndTheBestFixedPair) {
   EXPECT_EQ(s.fixed_n_comm1, 2);
   EXPECT_DOUBLE_EQ(s.fixed_total_us, 105.0 + 790.0);
   EXPECT_DOUBLE_EQ(s.tuned_total_us, 100.0 + 10.0);
+}
+
+// The path: fused only where the nearest entry measured both forwards and fused was faster;
+// unfused for a slower or equal fused forward, an entry without the unfused time, an entry too
+// far in tokens, another workload class, and no table. The source names the deciding entry.
+TEST(Tuning, PathIsFusedOnlyWhereTheNearestEntryMeasuredItFaster) {
+  TuningTable t;
+  auto key = [](int tokens) { return tuning_key(mixtral_ep8(), "NVIDIA H200", 132, tokens); };
+  t.add({key(1024), 32, 2, 900.0, 950.0});    // fused faster
+  t.add({key(4096), 32, 2, 3000.0, 2900.0});  // unfused faster
+  t.add({key(16384), 64, 2, 1000.0, 0.0});    // unfused not measured
+  t.add({key(65536), 64, 2, 5000.0, 5000.0});  // equal: the unfused pipeline stays
+  const PathChoice fast = choose_path(&t, key(1500));
+  EXPECT_TRUE(fast.fused);
+  EXPECT_NE(fast.source.find("entry for 1024 tokens/rank"), std::string::npos) << fast.source;
+  EXPECT_NE(fast.source.find("unfused 950"), std::string::npos) << fast.source;
+  EXPECT_FALSE(choose_path(&t, key(4096)).fused);
+  const PathChoice unmeasured = choose_path(&t, key(16384));
+  EXPECT_FALSE(unmeasured.fused);
+  EXPECT_NE(unmeasured.source.find("not measured"), std::string::npos) << unmeasured.source;
+  EXPECT_FALSE(choose_path(&t, key(65536)).fused);
+  const PathChoice far = choose_path(&t, key(256));  // 1024 is a factor of 4 away
+  EXPECT_FALSE(far.fused);
+  EXPECT_NE(far.source.find("no tuning entry"), std::string::npos) << far.source;
+  EXPECT_FALSE(choose_path(&t, tuning_key(mixtral_ep8(), "NVIDIA H100", 132, 1024)).fused);
+  EXPECT_FALSE(choose_path(nullptr, key(1024)).fused);
+}
+
+// unfused_us round-trips; a table without it reads as not measured (never fused); a negative or
+// non-numeric time is refused, naming the entry and the key.
+TEST(TuningJson, UnfusedTimeRoundTripsAndIsOptional) {
+  TuningTable t;
+  t.add({tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096), 32, 2, 900.0, 950.5});
+  const std::string text = io::tuning_table_json(t);
+  const TuningTable back = io::parse_tuning_table(text);
+  ASSERT_EQ(back.entries().size(), 1u);
+  EXPECT_DOUBLE_EQ(back.entries()[0].unfused_us, 950.5);
+  EXPECT_TRUE(back.entries()[0].fused_faster());
+  std::string old = text;
+  const std::string field = ",\n      \"unfused_us\": 950.5";
+  ASSERT_NE(old.find(field), std::string::npos) << text;
+  old.erase(old.find(field), field.size());
+  const TuningTable old_back = io::parse_tuning_table(old);
+  EXPECT_DOUBLE_EQ(old_back.entries()[0].unfused_us, 0.0);
+  EXPECT_FALSE(old_back.entries()[0].fused_faster());
+  std::string bad = text;
+  bad.replace(bad.find("950.5"), 5, "-1.0");
+  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(bad, "t.json"); }, {"t.json", "entry 0", "unfused_us"}));
+}
+
+// Each entry's unfused time is the median of its workload's unfused measurements (every fused
+// candidate timed the unfused forward beside it); samples without one do not count.
+TEST(Tuning, SummaryRecordsTheMedianUnfusedTimePerWorkload) {
+  const TuningKey a = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 1024);
+  const TuningKey b = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096);
+  const TuneSummary s = summarize_tuning({{a, 8, 2, 100.0, 120.0}, {a, 16, 2, 101.0, 90.0}, {a, 32, 2, 102.0, 200.0},
+                                          {b, 8, 2, 400.0, 0.0}, {b, 16, 2, 410.0, 0.0}, {b, 32, 2, 420.0, 0.0}});
+  const auto ma = s.table.nearest(a), mb = s.table.nearest(b);
+  ASSERT_TRUE(ma && mb);
+  EXPECT_DOUBLE_EQ(ma->entry->unfused_us, 120.0);
+  EXPECT_TRUE(ma->entry->fused_faster());  // the fastest fused sample, 100 us, against 120
+  EXPECT_DOUBLE_EQ(mb->entry->unfused_us, 0.0);
 }
 
 TEST(Tuning, SummaryRefusesNoSamplesAndPairsNeverMeasuredEverywhere) {
