@@ -39,6 +39,10 @@ COLUMNS = {
     "hidden": ("hidden", 7, lambda r: f"{100 * r['hidden_fraction']:.1f}%"),
     "x bound": ("x bound", 8, lambda r: f"{r['fused_over_lower_bound']:.2f}x"),
     "comm GB/s": ("comm GB/s", 10, lambda r: f"{r['comm_link_gbps']:.0f}"),
+    # MoeLayer's default path (ForwardPath::kTuned) under the run's --tuning table, and its speedups.
+    "path": ("path", 8, lambda r: r.get("tuned_path", "-")),
+    "tuned vs seq": ("path vs seq", 12, lambda r: speedup(r, "tuned_speedup_over_sequential")),
+    "tuned vs chunk": ("path vs chunk", 14, lambda r: speedup(r, "tuned_speedup_over_chunked")),
     "ok": ("ok", 3, lambda r: "yes" if r["fused_equals_unfused"] and r.get("baselines_match", True) else "NO"),
 }
 # The paper's single-layer grid (Comet, MLSys 2025): these presets, against its reported means
@@ -50,7 +54,8 @@ VIEWS = {
     "layer": ["model", "T", "n_comm", "fused_us", "unfused", "compute", "comm", "plan", "fused/cmp", "vs seq",
               "vs chunk", "ok"],
     "paper": ["link", "model", "M", "layout", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "comm GB/s", "ok"],
-    "multi": ["model", "M", "layout", "n_comm", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "fused/cmp", "ok"],
+    "multi": ["model", "M", "layout", "n_comm", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "fused/cmp",
+              "path", "tuned vs seq", "tuned vs chunk", "ok"],
 }
 
 
@@ -64,7 +69,9 @@ def mean(values):
 
 def summary(rows, group):
     """Lines of means over the paper's presets, per group (group(r) names it) and over all of them:
-    the speedup over each baseline (arithmetic mean, as the paper reports it), the latency-based
+    the speedup over each baseline (arithmetic mean, as the paper reports it; also for MoeLayer's
+    default path where the rows carry it: the fused or unfused forward, as the run's tuning table
+    chose), the latency-based
     hidden fraction and the ratio to the lower bound, then the paper's numbers to set them against.
     Rows whose checks failed are left out (and counted); a speedup mean over fewer rows than the
     group's (rows without that baseline) says over how many."""
@@ -81,7 +88,9 @@ def summary(rows, group):
     lines = []
     for name, rs in groups.items():
         parts = [f"{len(rs)} rows"]
-        for key, label in (("speedup_over_sequential", "vs sequential"), ("speedup_over_chunked", "vs chunked")):
+        for key, label in (("speedup_over_sequential", "vs sequential"), ("speedup_over_chunked", "vs chunked"),
+                           ("tuned_speedup_over_sequential", "default path vs sequential"),
+                           ("tuned_speedup_over_chunked", "default path vs chunked")):
             values = [r[key] for r in rs if key in r]
             if values:
                 covered = "" if len(values) == len(rs) else f", {len(values)} rows with that baseline"

@@ -62,6 +62,19 @@ def main():
     done = run_script("paper", linked)
     assert "mean over the paper's presets, link 450 GB/s, 2 us: 2 rows" in done.stdout, done.stdout
     assert "mean over the paper's presets, link 450 GB/s, 10 us: 1 rows" in done.stdout, done.stdout
+    # The default path's speedups (rows of a run with --tuning) get their own means and columns;
+    # rows without them (older JSON) show "-" there.
+    tuned = [dict(rows[0], tuned_path="unfused", tuned_speedup_over_sequential=1.1, tuned_speedup_over_chunked=1.4),
+             dict(rows[1], tuned_path="fused", tuned_speedup_over_sequential=1.6, tuned_speedup_over_chunked=2.5)]
+    lines = grid_table.summary(tuned, lambda r: "x")
+    assert lines[0] == ("mean over the paper's presets, x: 2 rows, vs sequential 1.40x (1.20-1.60), vs chunked 2.00x "
+                        "(1.50-2.50), default path vs sequential 1.35x (1.10-1.60), default path vs chunked 1.95x "
+                        "(1.40-2.50), hidden 25.0%, x bound 1.40"), lines
+    done = run_script("multi", tuned + [rows[2]])
+    table = done.stdout.splitlines()
+    assert "path vs seq" in table[0], done.stdout
+    assert "unfused" in table[1] and "1.10x" in table[1], done.stdout
+    assert table[3].split()[-4:-1] == ["-", "-", "-"], done.stdout
     print("grid_table: ok")
 
 

@@ -272,6 +272,10 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     MoeLayer layer(c, *fabric);
     layer.set_random_weights(o.seed);
     layer.set_tuning_table(o.tuning);
+    LayerOptions tuned;  // the default path, as the table decides it for this workload
+    tuned.link = o.link;
+    layer.set_options(tuned);
+    const PathChoice tuned_path = layer.path();
     const std::unique_ptr<Inputs> in = make_inputs(c, *fabric, tokens, w.routing, o.seed);
     // The timed forwards alternate between `in` and a second input set (same generator, next
     // seed): no iteration finds its inputs left in L2 by the previous one. Every check uses `in`.
@@ -329,6 +333,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.layer0_stages = stages;
           row.unfused_gemms = unfused_gemms;
           row.n_comm_source = layer.n_comm().source;
+          row.tuned_fused = tuned_path.fused;
+          row.path_source = tuned_path.source;
           row.fused_equals_unfused = checked_forward(layer, c, *in, tokens, stream) == want;
           if (unfused_gemms != unfused.unfused_gemms) {  // this row's unfused GEMMs give the same output too
             layer.set_options(unfused_row);

@@ -116,6 +116,12 @@ struct LayerBenchRow {
   bool baselines_run() const { return sequential_us > 0; }
   double speedup_over_sequential() const { return sequential_us / fused_us; }
   double speedup_over_chunked() const { return chunked_us / fused_us; }
+
+  // The path MoeLayer's default (ForwardPath::kTuned) takes on this workload with the run's
+  // tuning table (LayerBenchOptions::tuning; unfused without an entry), and its time in this row.
+  bool tuned_fused = false;
+  std::string path_source;
+  double tuned_us() const { return tuned_fused ? fused_us : unfused_us; }
 };
 
 using LayerProgress = std::function<void(int done, int total, const std::string& what)>;

@@ -79,6 +79,14 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
   const std::string link = first.link.describe();
   os << "n_comm: " << first.n_comm_source << "; " << link << "\n";
   os << "fabric: " << first.fabric << " (times of rank " << first.rank << "'s stream)\n";
+  // The default path once per workload (a workload's rows are consecutive).
+  const auto same_workload = [](const LayerBenchRow& a, const LayerBenchRow& b) {
+    return a.model == b.model && a.tokens == b.tokens && a.ep == b.ep && a.tp == b.tp && a.routing == b.routing;
+  };
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (i == 0 || !same_workload(rows[i], rows[i - 1]))
+      os << rows[i].model << " T=" << rows[i].tokens << " EPxTP=" << rows[i].ep << "x" << rows[i].tp
+         << ": default path (ForwardPath::kTuned) " << rows[i].path_source << "\n";
   os << "lower bound: cost model with the W ranks " << (first.ranks_take_turns ? "one after another, " : "in parallel, ")
      << first.bound_gpu << " (link "
      << fixed(first.bound_link_gbps, 0) << " GB/s per direction); GB/s are per link direction" << (first.ranks_take_turns ? ", ranks taking turns; " : "; ")
@@ -117,15 +125,19 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
                           {"fused_link_gbps", r.fused_link_gbps()}, {"hidden_fraction", r.hidden_fraction()},
                           {"lower_bound_us", r.lower_bound_us}, {"lower_bound_by", r.bound_by},
                           {"lower_bound_rates", r.bound_gpu}, {"lower_bound_link_gbps", r.bound_link_gbps},
-                          {"fused_over_lower_bound", r.fused_over_bound()}};
+                          {"fused_over_lower_bound", r.fused_over_bound()},
+                          {"tuned_path", r.tuned_fused ? "fused" : "unfused"}, {"tuned_us", r.tuned_us()},
+                          {"path_source", r.path_source}};
     if (r.baselines_run()) {
       row["baseline_gemm"] = r.baseline_gemm;
       row["sequential_us"] = r.sequential_us;
       row["speedup_over_sequential"] = r.speedup_over_sequential();
+      row["tuned_speedup_over_sequential"] = r.sequential_us / r.tuned_us();
       if (r.chunked_chunks > 0) {
         row["chunked_us"] = r.chunked_us;
         row["chunked_chunks"] = r.chunked_chunks;
         row["speedup_over_chunked"] = r.speedup_over_chunked();
+        row["tuned_speedup_over_chunked"] = r.chunked_us / r.tuned_us();
       }
       row["baselines_match"] = r.baselines_match;
       row["baseline_rel_l2"] = r.baseline_rel_l2;
