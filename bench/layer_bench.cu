@@ -29,10 +29,12 @@ namespace {
 constexpr int kLockstepWarmupRounds = 10;
 
 // Several processes (nccl fabric) must run the same sequence of forwards: no time-based
-// warm-up there, a fixed number of rounds instead.
+// warm-up there, a fixed number of rounds instead, and every variant starts after a barrier of
+// the ranks (`align`, timing.h: otherwise a forward would count the time its rank waits for a
+// peer still busy with the previous variant, a part without a barrier).
 std::vector<double> time_variants(const LayerBenchOptions& o, const std::vector<Variant>& variants, cudaStream_t stream,
-                                  int iters, double warmup_ms) {
-  if (o.fabric == "nccl") return time_interleaved(variants, stream, iters, 0, kLockstepWarmupRounds);
+                                  int iters, double warmup_ms, const Align& align) {
+  if (o.fabric == "nccl") return time_interleaved(variants, stream, iters, 0, kLockstepWarmupRounds, align);
   return time_interleaved(variants, stream, iters, warmup_ms);
 }
 
@@ -153,7 +155,8 @@ struct Baselines {
 // before anything of it is timed, and picks the faster cuBLAS variant with a short timing.
 // Leaves `b.layer` empty (and says why in the row) when the device has too little memory left.
 void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const Inputs& in, int tokens,
-                       const std::vector<uint16_t>& want, cudaStream_t stream, LayerBenchRow& row, Baselines& b) {
+                       const std::vector<uint16_t>& want, cudaStream_t stream, const Align& align, LayerBenchRow& row,
+                       Baselines& b) {
   size_t free_bytes = 0, total_bytes = 0;
   COMET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   // device_bytes counts every rank; with one GPU per rank, each holds one rank's share.
@@ -189,7 +192,7 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
                        b.layer->set_options(with_link(sequential_baseline(gemm), o.link));
                        b.layer->forward(in.tensors, st);
                      }});
-  const std::vector<double> us = time_variants(o, gemms, stream, std::max(3, o.iters / 4), o.warmup_ms / 4);
+  const std::vector<double> us = time_variants(o, gemms, stream, std::max(3, o.iters / 4), o.warmup_ms / 4, align);
   b.gemm = us[1] < us[0] ? BaselineGemm::kGroupedBatched : BaselineGemm::kPerExpertLoop;
   row.baseline_gemm = baseline_gemm_name(b.gemm);
   for (int chunks : o.chunks) check(chunked_baseline(chunks, b.gemm));
@@ -296,8 +299,9 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     // sweep starts from their fields.
     LayerBenchRow baseline_row;
     Baselines base;
+    const Align align = [&layer](cudaStream_t st) { layer.run_part(MoeLayer::Part::kBarrier, st); };
     if (o.baselines)
-      prepare_baselines(c, o, *in, tokens, want, stream, baseline_row, base);
+      prepare_baselines(c, o, *in, tokens, want, stream, align, baseline_row, base);
     for (int n0 : o.n_comm0)
       for (int n1 : o.n_comm1)
         for (int group : o.layer0_group_m)
@@ -369,7 +373,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
                                     base.layer->forward(rotation[turn++ % rotation.size()]->tensors, st);
                                   }});
           }
-          const std::vector<double> us = time_variants(o, variants, stream, o.iters, o.warmup_ms);
+          const std::vector<double> us = time_variants(o, variants, stream, o.iters, o.warmup_ms, align);
           layer.check(stream);
           row.fused_us = us[0];
           row.unfused_us = us[1];

@@ -1,6 +1,6 @@
 // bench/timing.h: CUDA-event timing of interleaved variants, reported as medians.
 //
-// Method (docs/benchmarking.md): variants of one measurement run interleaved, each launch
+// Method (docs/cli.md, `comet bench gemm`): variants of one measurement run interleaved, each launch
 // between its own pair of events, after a warm-up long enough to reach sustained clocks (the
 // H200 runs at its power cap under GEMM load; a kernel timed right after idle reads high).
 #pragma once
@@ -32,13 +32,22 @@ inline double median(std::vector<double> v) {
 // Runs every variant round-robin: warm-up for at least `warmup_ms` and at least `warmup_rounds`
 // rounds, then `iters` timed rounds. Returns the median microseconds of each variant, in order.
 // Processes that must run the same number of rounds (ranks of one run) pass warmup_ms = 0.
+// `align`, when set, is enqueued before every variant, outside its events: ranks in different
+// processes each time their own stream, and a variant without a cross-rank step of its own (a
+// part of the layer) lets them drift apart, which the next variant that waits for the other
+// ranks would otherwise count as its own time. A barrier there starts every variant in step.
+using Align = std::function<void(cudaStream_t)>;
 inline std::vector<double> time_interleaved(const std::vector<Variant>& variants, cudaStream_t stream,
-                                            int iters, double warmup_ms, int warmup_rounds = 1) {
+                                            int iters, double warmup_ms, int warmup_rounds = 1,
+                                            const Align& align = {}) {
   const auto start = std::chrono::steady_clock::now();
   for (int round = 0;; ++round) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (round >= warmup_rounds && ms >= warmup_ms) break;
-    for (const auto& v : variants) v.launch(stream);
+    for (const auto& v : variants) {
+      if (align) align(stream);
+      v.launch(stream);
+    }
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   std::vector<cudaEvent_t> events(2 * variants.size() * iters);
@@ -46,6 +55,7 @@ inline std::vector<double> time_interleaved(const std::vector<Variant>& variants
   for (int it = 0; it < iters; ++it)
     for (size_t v = 0; v < variants.size(); ++v) {
       const size_t i = 2 * (it * variants.size() + v);
+      if (align) align(stream);
       COMET_CUDA_CHECK(cudaEventRecord(events[i], stream));
       variants[v].launch(stream);
       COMET_CUDA_CHECK(cudaEventRecord(events[i + 1], stream));

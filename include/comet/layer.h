@@ -138,7 +138,9 @@ class MoeLayer {
   // two fused kernels with their communication blocks idle and no waits or signals (data in
   // place): the grouped GEMMs on the SMs the fused kernels leave them, so that fused minus this
   // is the cost of moving data inside them, and this minus kGemms the cost of the split.
-  enum class Part { kGemms, kCommunication, kPlan, kFusedGemms };
+  // kBarrier: the forward's device-side barrier of the ranks alone (nothing when every rank
+  // shares one stream), so that a timed step can start with ranks in other processes in step.
+  enum class Part { kGemms, kCommunication, kPlan, kFusedGemms, kBarrier };
   void run_part(Part part, CUstream_st* stream);
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
   // Waits for `stream`, then throws comet::Error describing the first recorded device error.

@@ -703,6 +703,10 @@ void MoeLayer::set_random_weights(uint64_t seed) {
 void MoeLayer::run_part(Part part, CUstream_st* stream) {
   Impl& m = *impl_;
   COMET_CHECK(m.have_weights, "MoeLayer: set weights and run forward() once before run_part()");
+  if (part == Part::kBarrier) {  // the forward's barrier (counts in its sequence); on one stream, stream order
+    if (m.per_rank_streams) m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) { m.barrier(k, 2, s); }});
+    return;
+  }
   if (part == Part::kPlan && !m.per_rank_streams) {  // one launch for every rank, as in forward()
     m.plans(m.ranks.data(), int(m.ranks.size()), Impl::Signals::kOff, stream);
     return;

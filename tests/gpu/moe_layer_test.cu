@@ -262,7 +262,7 @@ TEST(MoeLayer, BenchmarkPartsLeaveTheNextForwardUnchanged) {
   o.path = ForwardPath::kFused;
   const auto want = rig.forward(o);
   for (MoeLayer::Part part : {MoeLayer::Part::kGemms, MoeLayer::Part::kCommunication, MoeLayer::Part::kPlan,
-                              MoeLayer::Part::kFusedGemms}) {
+                              MoeLayer::Part::kFusedGemms, MoeLayer::Part::kBarrier}) {
     SCOPED_TRACE("part " + std::to_string(int(part)));
     layer.run_part(part, nullptr);
     layer.check(nullptr);
