@@ -1,7 +1,7 @@
 // The dispatch plan of one rank from every rank's routing, in three kernels. Only the first and
 // the last read routing (through peer pointers: on one GPU per rank, across NVLink), and both are
-// one block per (rank, ring position, chunk of 1024 tokens), so those reads are all in flight at
-// once instead of one chunk after another.
+// one block per (rank, ring position, chunk of kChunkTokens tokens), so those reads are all in
+// flight at once instead of one chunk after another.
 //
 // Counting kernel, one block per (rank, ring position, chunk): reads the chunk's routing once,
 //   checks it (token count, expert ids, an expert repeated within a token), and writes the
@@ -34,6 +34,13 @@ namespace comet::cuda {
 
 namespace {
 
+// Tokens per chunk, one thread each, in the counting and placing kernels. Their work per block is
+// per token, so small chunks spread it over many SMs: with one rank per GPU (W = 2, 4096 tokens)
+// 1024-token chunks gave each rank only 8 blocks, and qwen3's placing kernel took 69 us.
+constexpr int kChunkTokens = 256;
+constexpr int kChunkWarps = kChunkTokens / 32;
+using ChunkScan = cub::BlockScan<int, kChunkTokens>;
+// The layout kernel: one block per rank.
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTopk = 16;
@@ -42,7 +49,7 @@ using BlockScan = cub::BlockScan<int, kThreads>;
 
 struct PlanShape {
   int world, tp, ep, experts_per_rank, num_experts, topk, t_max, rows_per_token;
-  int chunks;  // token chunks of kThreads per source: ceil(t_max / kThreads)
+  int chunks;  // token chunks per source: ceil(t_max / kChunkTokens)
   int64_t max_rows, max_m_tiles;
   int n_blocks0, n_blocks1;
 };
@@ -79,7 +86,7 @@ struct PlanBatch {
 // expert), chunk_slot_base[pos][ch] (tokens with a local row), chunk_send_base[ch][g] (own tokens
 // with an expert in EP group g; ring position 0 only), chunk_flags[pos][ch] (1: an expert
 // repeated within a token). Every block writes its counts, also with no tokens in its chunk.
-__global__ void __launch_bounds__(kThreads) device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+__global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
   const int ch = int(blockIdx.x), pos = int(blockIdx.y), tid = threadIdx.x;
@@ -88,10 +95,10 @@ __global__ void __launch_bounds__(kThreads) device_plan_count_kernel(PlanShape s
   extern __shared__ int smem_raw[];
   int* rows = smem_raw;          // [E]
   int* group_tokens = rows + E;  // [EP]
-  for (int i = tid; i < E + s.ep; i += kThreads) smem_raw[i] = 0;
+  for (int i = tid; i < E + s.ep; i += kChunkTokens) smem_raw[i] = 0;
   __syncthreads();
   const int T = published_tokens(a, s, src, ch == 0 && tid == 0);
-  const int t = ch * kThreads + tid;
+  const int t = ch * kChunkTokens + tid;
   const int32_t* ids = a.route_ids[src] + size_t(t) * K;
   int e[kMaxTopk];
   for (int k = 0; k < K; ++k) e[k] = t < T ? ids[k] : -1;  // one read of the token's slots
@@ -118,9 +125,9 @@ __global__ void __launch_bounds__(kThreads) device_plan_count_kernel(PlanShape s
   }
   const int received = __syncthreads_count(mine);
   const int any_repeated = __syncthreads_or(repeated);
-  for (int i = tid; i < E; i += kThreads) plan.chunk_row_base[(int64_t(pos) * C + ch) * E + i] = rows[i];
+  for (int i = tid; i < E; i += kChunkTokens) plan.chunk_row_base[(int64_t(pos) * C + ch) * E + i] = rows[i];
   if (pos == 0)
-    for (int g = tid; g < s.ep; g += kThreads) plan.chunk_send_base[ch * W + g] = group_tokens[g];
+    for (int g = tid; g < s.ep; g += kChunkTokens) plan.chunk_send_base[ch * W + g] = group_tokens[g];
   if (tid == 0) {
     plan.chunk_slot_base[pos * C + ch] = received;
     plan.chunk_flags[pos * C + ch] = any_repeated;
@@ -153,13 +160,21 @@ struct LayoutSmem {
   }
 };
 
-// Exclusive prefix over the chunks of one counter, in place; returns the total.
+// Exclusive prefix over the chunks of one counter, in place; returns the total. The counts are
+// loaded 8 at a time before any is stored (one load latency per 8 chunks, not per chunk).
 __device__ int chunk_prefix(int32_t* first, int64_t stride, int chunks) {
+  constexpr int kBatch = 8;
   int running = 0;
-  for (int ch = 0; ch < chunks; ++ch) {
-    const int c = first[ch * stride];
-    first[ch * stride] = running;
-    running += c;
+  for (int ch0 = 0; ch0 < chunks; ch0 += kBatch) {
+    int c[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) c[i] = ch0 + i < chunks ? first[(ch0 + i) * stride] : 0;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (ch0 + i < chunks) {
+        first[(ch0 + i) * stride] = running;
+        running += c[i];
+      }
   }
   return running;
 }
@@ -349,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
 // tokens get consecutive slots from chunk_slot_base (block scan), each (token, slot) its row:
 // the expert's chunk base, plus the earlier warps' count, plus its rank in the warp. Chunks of
 // the own tokens (ring position 0) also write the send positions to every destination.
-__global__ void __launch_bounds__(kThreads, 1) device_plan_place_kernel(PlanShape s,
+__global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanShape s,
                                                                           const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
@@ -359,15 +374,15 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_place_kernel(PlanShap
   const int r = a.rank, my_ep = r / s.tp, src = (r + pos) % W;
   if (plan.counts[2] == 0) return;  // a refused plan places nothing (the counting kernels said why)
   const int T = published_tokens(a, s, src, false);
-  if (ch * kThreads >= T) return;
+  if (ch * kChunkTokens >= T) return;
   extern __shared__ int smem_raw[];
-  int* warp_cnt = smem_raw;                 // [kWarps][E]
-  int* chunk_base = warp_cnt + kWarps * E;  // [E]
-  __shared__ typename BlockScan::TempStorage scan_storage;
+  int* warp_cnt = smem_raw;                      // [kChunkWarps][E]
+  int* chunk_base = warp_cnt + kChunkWarps * E;  // [E]
+  __shared__ typename ChunkScan::TempStorage scan_storage;
   const int32_t* ids = a.route_ids[src];
   const float* weights = a.route_weights[src];
-  for (int e = tid; e < E; e += kThreads) chunk_base[e] = plan.chunk_row_base[(int64_t(pos) * s.chunks + ch) * E + e];
-  const int t = ch * kThreads + tid;
+  for (int e = tid; e < E; e += kChunkTokens) chunk_base[e] = plan.chunk_row_base[(int64_t(pos) * s.chunks + ch) * E + e];
+  const int t = ch * kChunkTokens + tid;
   int lk[kMaxTopk];
   unsigned pending = 0;  // bit k: slot k still needs its rank within the warp
   uint64_t groups = 0;   // bit g: the token has an expert in EP group g
@@ -380,13 +395,13 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_place_kernel(PlanShap
   }
   const int mine = pending != 0;
   int p, total;
-  BlockScan(scan_storage).ExclusiveSum(mine, p, total);
+  ChunkScan(scan_storage).ExclusiveSum(mine, p, total);
   if (pos == 0)
     for (int g = 0; g < s.ep; ++g) {  // send positions: the token's rank among the own tokens for group g
       const int flag = int(groups >> g & 1u);
       int q, n;
       __syncthreads();  // scan storage reused
-      BlockScan(scan_storage).ExclusiveSum(flag, q, n);
+      ChunkScan(scan_storage).ExclusiveSum(flag, q, n);
       if (t < T) {
         const int at = flag ? plan.chunk_send_base[ch * W + g] + q : -1;
         for (int d = g * s.tp; d < (g + 1) * s.tp; ++d) plan.send_pos[size_t(t) * W + d] = at;
@@ -414,9 +429,9 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_place_kernel(PlanShap
   }
   __syncthreads();
   // Per expert: exclusive scan over warps on top of the chunk's base.
-  for (int e = tid; e < E; e += kThreads) {
+  for (int e = tid; e < E; e += kChunkTokens) {
     int acc = chunk_base[e];
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kChunkWarps; ++w) {
       const int c = warp_cnt[w * E + e];
       warp_cnt[w * E + e] = acc;
       acc += c;
@@ -455,7 +470,7 @@ PlanShape plan_shape(const LayerConfig& c) {
   s.max_m_tiles = layout.max_m_tiles;
   s.n_blocks0 = int(layout.n_blocks0);
   s.n_blocks1 = int(layout.n_blocks1);
-  s.chunks = (s.t_max + kThreads - 1) / kThreads;
+  s.chunks = (s.t_max + kChunkTokens - 1) / kChunkTokens;
   return s;
 }
 
@@ -470,7 +485,7 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
               "the device plan needs max_tokens_per_rank >= 1 (its kernels have a block per token chunk), got "
                   << c.max_tokens_per_rank);
   const int64_t W = c.layout.world, Tm = c.max_tokens_per_rank, E = c.experts_per_rank();
-  const int64_t chunks = (Tm + kThreads - 1) / kThreads;
+  const int64_t chunks = (Tm + kChunkTokens - 1) / kChunkTokens;
   rows_per_token = std::min<int>(c.model.topk, int(E));
   max_rows = c.max_rows_per_rank();
   max_m_tiles = c.max_m_tiles_per_rank();
@@ -513,7 +528,7 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
   COMET_CHECK(s.world <= kMaxWorld, "build_device_plan: at most " << kMaxWorld << " ranks, got " << s.world);
   const size_t count_smem = sizeof(int) * size_t(s.experts_per_rank + s.ep);
   const size_t layout_smem = LayoutSmem::bytes(s);
-  const size_t place_smem = sizeof(int) * size_t(kWarps + 1) * s.experts_per_rank;
+  const size_t place_smem = sizeof(int) * size_t(kChunkWarps + 1) * s.experts_per_rank;
   COMET_CHECK(layout_smem <= 200 * 1024 && place_smem <= 200 * 1024,
               "build_device_plan: " << std::max(layout_smem, place_smem) << " bytes of shared memory for W=" << s.world
                                     << " and E/EP=" << s.experts_per_rank << " is too much");
@@ -528,11 +543,11 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
     const int n = std::min(kPlanBatch, count - first);
     std::copy(args + first, args + first + n, batch.ranks);
     const dim3 chunks(s.chunks, s.world, n);
-    device_plan_count_kernel<<<chunks, kThreads, count_smem, stream>>>(s, batch);
+    device_plan_count_kernel<<<chunks, kChunkTokens, count_smem, stream>>>(s, batch);
     COMET_CUDA_CHECK_LAUNCH();
     device_plan_layout_kernel<<<n, kThreads, layout_smem, stream>>>(s, batch);
     COMET_CUDA_CHECK_LAUNCH();
-    device_plan_place_kernel<<<chunks, kThreads, place_smem, stream>>>(s, batch);
+    device_plan_place_kernel<<<chunks, kChunkTokens, place_smem, stream>>>(s, batch);
     COMET_CUDA_CHECK_LAUNCH();
   }
 }

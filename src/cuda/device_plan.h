@@ -25,7 +25,7 @@
 //   tiles1         GemmTile [MT * NB1]   layer1 GEMM schedule (column-block groups)
 //   num_tiles      [2]            {tiles0 length, tiles1 length}
 //   chunk_row_base [W * C * E/EP] first A row of chunk c of ring position p for each expert
-//                                 (C = ceil(Tm / 1024) token chunks per source; plan scratch)
+//                                 (C = ceil(Tm / 256) token chunks per source; plan scratch)
 //   chunk_slot_base [W * C]       first received slot of chunk c of ring position p (scratch)
 //   chunk_send_base [C * W]       own tokens before chunk c sent to EP group g (scratch)
 //   chunk_flags    [W * C]        1: chunk c of ring position p repeats an expert in a token

@@ -817,14 +817,21 @@ Trace MoeLayer::read_trace(CUstream_st* stream) {
 void MoeLayer::check(CUstream_st* stream) {
   Impl& m = *impl_;
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::string first;
+  // The first rank's record in rank order, but a barrier timeout only when no rank recorded
+  // anything else: a rank stuck on a missing signal holds its peers in the next barrier, and
+  // with one process driving both, which of their timeouts fires first is a race; the stuck
+  // rank's own record names the cause.
+  std::string first, first_barrier;
   DeviceGuard guard;
   for (const Impl::Rank& k : m.ranks) {
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
     cuda::DeviceError e;
     COMET_CUDA_CHECK(cudaMemcpy(&e, k.error, sizeof e, cudaMemcpyDeviceToHost));
-    if (e.claimed && first.empty()) first = cuda::describe(e);
+    if (!e.claimed) continue;
+    std::string& slot = e.role == int32_t(cuda::WaitRole::kBarrier) ? first_barrier : first;
+    if (slot.empty()) slot = cuda::describe(e);
   }
+  if (first.empty()) first = first_barrier;
   if (first.empty()) return;
   // Cleared once reported, so the layer stays usable.
   m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) {

@@ -112,7 +112,9 @@ TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
 }
 
 // A rank that never moves its rows: its GEMM times out naming it, every other rank finishes
-// (the barriers still run), and after check() the layer works again.
+// (the barriers still run; a peer's barrier may time out too, waiting for the stuck rank, and
+// check() reports the stuck rank's own record, not that), and after check() the layer works
+// again.
 TEST(MoeLayerLocal, WithheldRankTimesOutNamingItAndRecovers) {
   COMET_REQUIRE_GPUS(2);
   const int W = std::min(visible_gpus(), 8);
