@@ -52,7 +52,7 @@ PAPER_SPEEDUP, PAPER_HIDDEN = 1.96, 0.865
 
 VIEWS = {
     "layer": ["model", "T", "n_comm", "fused_us", "unfused", "compute", "comm", "plan", "fused/cmp", "vs seq",
-              "vs chunk", "ok"],
+              "vs chunk", "path", "ok"],
     "paper": ["link", "model", "M", "layout", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "comm GB/s", "ok"],
     "multi": ["model", "M", "layout", "n_comm", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "fused/cmp",
               "path", "tuned vs seq", "tuned vs chunk", "ok"],
