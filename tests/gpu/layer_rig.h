@@ -1,6 +1,6 @@
-// tests/gpu/layer_rig.h: one MoeLayer case on its Loopback fabric (W virtual ranks on one GPU),
-// with the case's weights installed and its inputs on the device: the setup the layer suites
-// share.
+// tests/gpu/layer_rig.h: one MoeLayer case on a fabric (by default its Loopback fabric, W
+// virtual ranks on one GPU), with the case's weights installed and its inputs on the device of
+// each rank: the setup the layer suites share.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,12 +23,13 @@ struct LayerRig {
   MoeLayer layer;
   cuda::DeviceProblem device;
 
-  explicit LayerRig(const test::LayerCase& lc)
+  // `on`: the fabric the ranks run on (e.g. fabric::make_local_fabric(W)); null: Loopback.
+  explicit LayerRig(const test::LayerCase& lc, std::unique_ptr<fabric::Fabric> on = nullptr)
       : config(lc.config()),
         problem(make_problem(config, lc.tokens, lc.spec, lc.seed)),
-        fabric(fabric::make_loopback_fabric(config.layout.world)),
+        fabric(on ? std::move(on) : fabric::make_loopback_fabric(config.layout.world)),
         layer(config, *fabric),
-        device(config, problem) {
+        device(config, problem, fabric.get()) {
     layer.set_weights(problem.weights);
   }
 

@@ -13,6 +13,7 @@
 #include "gpu_test_util.h"
 #include "layer_cases.h"
 #include "layer_checks.h"
+#include "layer_rig.h"
 #include "ref/oracle.h"
 
 namespace comet {
@@ -88,23 +89,20 @@ TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
   COMET_REQUIRE_GPUS(2);
   const int W = std::min(visible_gpus(), 8);
   const LayerCase lc = local_cases(W)[0];
-  const LayerConfig c = lc.config();
-  const MoeProblem first = make_problem(c, lc.tokens, lc.spec, lc.seed);
-  auto f = fabric::make_local_fabric(W);
-  MoeLayer layer(c, *f);
-  layer.set_weights(first.weights);
+  testing::LayerRig rig(lc, fabric::make_local_fabric(W));
+  const LayerConfig& c = rig.config;
+  cuda::DeviceProblem& d = rig.device;
   LayerOptions o;
   o.path = ForwardPath::kFused;
-  layer.set_options(o);
-  cuda::DeviceProblem d(c, first, f.get());
-  testing::CapturedForward graph(layer, d.tensors());
+  rig.layer.set_options(o);
+  testing::CapturedForward graph(rig.layer, d.tensors());
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     std::vector<int> tokens = lc.tokens;
     std::rotate(tokens.begin(), tokens.begin() + (replay + 1) % W, tokens.end());
     MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + 10 + replay);
-    p.weights = first.weights;
-    d.assign_inputs(cuda::DeviceProblem(c, p, f.get()));
+    p.weights = rig.problem.weights;
+    d.assign_inputs(cuda::DeviceProblem(c, p, rig.fabric.get()));
     d.poison_y();
     graph.replay();
     EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
@@ -118,32 +116,22 @@ TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
 TEST(MoeLayerLocal, WithheldRankTimesOutNamingItAndRecovers) {
   COMET_REQUIRE_GPUS(2);
   const int W = std::min(visible_gpus(), 8);
-  const LayerCase lc = local_cases(W)[0];
-  const LayerConfig c = lc.config();
-  const MoeProblem p = make_problem(c, std::vector<int>(W, 64), lc.spec, lc.seed);
-  auto f = fabric::make_local_fabric(W);
-  MoeLayer layer(c, *f);
-  layer.set_weights(p.weights);
-  cuda::DeviceProblem d(c, p, f.get());
+  LayerCase lc = local_cases(W)[0];
+  lc.tokens = std::vector<int>(W, 64);
+  testing::LayerRig rig(lc, fabric::make_local_fabric(W));
   LayerOptions o;
   o.path = ForwardPath::kFused;
-  testing::expect_withheld_rank_times_out_then_recovers(layer, d, p, o, W - 1);
+  testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, W - 1);
 }
 
 TEST(MoeLayerLocal, RefusesTensorsForTheWrongNumberOfRanks) {
   COMET_REQUIRE_GPUS(2);
   const int W = std::min(visible_gpus(), 8);
-  const LayerCase lc = local_cases(W)[0];
-  const LayerConfig c = lc.config();
-  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
-  auto f = fabric::make_local_fabric(W);
-  MoeLayer layer(c, *f);
-  layer.set_weights(p.weights);
-  cuda::DeviceProblem d(c, p, f.get());
-  std::vector<RankTensors> fewer = d.tensors();
+  testing::LayerRig rig(local_cases(W)[0], fabric::make_local_fabric(W));
+  std::vector<RankTensors> fewer = rig.device.tensors();
   fewer.pop_back();
   try {
-    layer.forward(fewer, nullptr);
+    rig.layer.forward(fewer, nullptr);
     ADD_FAILURE() << "forward accepted tensors for " << fewer.size() << " of " << W << " ranks";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("this process drives"), std::string::npos) << e.what();
