@@ -118,7 +118,9 @@ struct LayerBenchRow {
   double speedup_over_chunked() const { return chunked_us / fused_us; }
 
   // The path MoeLayer's default (ForwardPath::kTuned) takes on this workload with the run's
-  // tuning table (LayerBenchOptions::tuning; unfused without an entry), and its time in this row.
+  // tuning table (LayerBenchOptions::tuning; unfused without an entry), and that path's time in
+  // this row: the default forward's time only on rows with default options (n_comm, group,
+  // stages 0; unfused GEMMs `fused`), otherwise the row's own settings of that path.
   bool tuned_fused = false;
   std::string path_source;
   double tuned_us() const { return tuned_fused ? fused_us : unfused_us; }

@@ -85,8 +85,8 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
   };
   for (size_t i = 0; i < rows.size(); ++i)
     if (i == 0 || !same_workload(rows[i], rows[i - 1]))
-      os << rows[i].model << " T=" << rows[i].tokens << " EPxTP=" << rows[i].ep << "x" << rows[i].tp
-         << ": default path (ForwardPath::kTuned) " << rows[i].path_source << "\n";
+      os << rows[i].model << " T=" << rows[i].tokens << " EPxTP=" << rows[i].ep << "x" << rows[i].tp << " routing "
+         << rows[i].routing << ": default path (ForwardPath::kTuned) " << rows[i].path_source << "\n";
   os << "lower bound: cost model with the W ranks " << (first.ranks_take_turns ? "one after another, " : "in parallel, ")
      << first.bound_gpu << " (link "
      << fixed(first.bound_link_gbps, 0) << " GB/s per direction); GB/s are per link direction" << (first.ranks_take_turns ? ", ranks taking turns; " : "; ")

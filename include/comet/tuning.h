@@ -90,7 +90,8 @@ PathChoice choose_path(const TuningTable* table, const TuningKey& key);
 // `comet tune`: every (workload, n_comm0, n_comm1) measured once. The table keeps each
 // workload's fastest pair; best_fixed is the single pair whose summed latency over all
 // workloads is lowest (the comparison docs/results/ reports), among pairs measured everywhere.
-// An entry's unfused_us is the median of its workload's unfused measurements.
+// An entry's unfused_us is the unfused time measured in its winning pair's own row (timed in the
+// same interleaved loop as that fused time, so the two are a paired comparison).
 struct TuneSample {
   TuningKey key;
   int n_comm0 = 0, n_comm1 = 0;

@@ -160,18 +160,10 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
     t.first += s.latency_us;
     ++t.second;
   }
-  // Every fused sample of a workload timed the unfused forward beside it: their median.
-  std::vector<std::vector<double>> unfused(workloads.size());
-  for (const TuneSample& s : samples)
-    if (s.unfused_us > 0) unfused[workload_of(s.key)].push_back(s.unfused_us);
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
   for (size_t w = 0; w < workloads.size(); ++w) {
-    out.table.add(TuningEntry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us, median(unfused[w])});
+    // The winning row's own unfused time: timed in the same loop as its fused time (a paired
+    // comparison; a median over the other rows would set a minimum against a middle value).
+    out.table.add(TuningEntry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us, best[w]->unfused_us});
     out.tuned_total_us += best[w]->latency_us;
   }
   bool found = false;

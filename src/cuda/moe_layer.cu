@@ -154,6 +154,11 @@ struct MoeLayer::Impl {
   bool fused_path() const { return path.fused; }
   // The path and n_comm from options, the tuning table (nearest entry at T_max) or the cost model.
   void resolve_choices() {
+    if (options.path != ForwardPath::kTuned && options.n_comm0 > 0 && options.n_comm1 > 0) {  // nothing to look up
+      path = {options.path == ForwardPath::kFused, "options"};
+      n_comm = {options.n_comm0, options.n_comm1, "options"};
+      return;
+    }
     const cuda::DeviceInfo info = cuda::query_device_info();
     const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);

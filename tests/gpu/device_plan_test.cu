@@ -53,8 +53,8 @@ std::vector<PlanCase> plan_cases() {
         out.push_back(c);
       }
     }
-  // Many 256-token chunks per source (T = 300 already has two), topk 16, and every token on one
-  // rank.
+  // Many 256-token chunks per source (the cases above stay in one), topk 16, and every token on
+  // one rank.
   out.push_back({4, 1, 64, 16, 2500, {2500, 1777, 0, 1025}, {RoutingKind::kUniform, 0, 0.2}, seed++});
   out.push_back({2, 1, 4, 1, 3000, {3000, 2049}, {RoutingKind::kZipf, 3.0, 0}, seed++});
   return out;

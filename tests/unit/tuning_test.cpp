@@ -186,9 +186,12 @@ TEST(Tuning, PathIsFusedOnlyWhereTheNearestEntryMeasuredItFaster) {
   t.add({key(65536), 64, 2, 5000.0, 5000.0});  // equal: the unfused pipeline stays
   const PathChoice fast = choose_path(&t, key(1500));
   EXPECT_TRUE(fast.fused);
+  EXPECT_EQ(fast.source.rfind("fused: tuning table entry", 0), 0u) << fast.source;  // starts with it
   EXPECT_NE(fast.source.find("entry for 1024 tokens/rank"), std::string::npos) << fast.source;
   EXPECT_NE(fast.source.find("unfused 950"), std::string::npos) << fast.source;
-  EXPECT_FALSE(choose_path(&t, key(4096)).fused);
+  const PathChoice slower = choose_path(&t, key(4096));
+  EXPECT_FALSE(slower.fused);
+  EXPECT_EQ(slower.source.rfind("unfused: tuning table entry", 0), 0u) << slower.source;
   const PathChoice unmeasured = choose_path(&t, key(16384));
   EXPECT_FALSE(unmeasured.fused);
   EXPECT_NE(unmeasured.source.find("not measured"), std::string::npos) << unmeasured.source;
@@ -220,19 +223,23 @@ TEST(TuningJson, UnfusedTimeRoundTripsAndIsOptional) {
   std::string bad = text;
   bad.replace(bad.find("950.5"), 5, "-1.0");
   EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(bad, "t.json"); }, {"t.json", "entry 0", "unfused_us"}));
+  std::string text_value = text;
+  text_value.replace(text_value.find("950.5"), 5, "\"950\"");
+  EXPECT_TRUE(
+      throws_with<Error>([&] { io::parse_tuning_table(text_value, "t.json"); }, {"t.json", "entry 0", "unfused_us"}));
 }
 
-// Each entry's unfused time is the median of its workload's unfused measurements (every fused
-// candidate timed the unfused forward beside it); samples without one do not count.
-TEST(Tuning, SummaryRecordsTheMedianUnfusedTimePerWorkload) {
+// Each entry's unfused time is the one measured in its winning row (the same timing loop as the
+// fused time it is compared with), not another row's; 0 when that row has none.
+TEST(Tuning, SummaryRecordsTheWinningRowsUnfusedTime) {
   const TuningKey a = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 1024);
   const TuningKey b = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096);
   const TuneSummary s = summarize_tuning({{a, 8, 2, 100.0, 120.0}, {a, 16, 2, 101.0, 90.0}, {a, 32, 2, 102.0, 200.0},
                                           {b, 8, 2, 400.0, 0.0}, {b, 16, 2, 410.0, 0.0}, {b, 32, 2, 420.0, 0.0}});
   const auto ma = s.table.nearest(a), mb = s.table.nearest(b);
   ASSERT_TRUE(ma && mb);
-  EXPECT_DOUBLE_EQ(ma->entry->unfused_us, 120.0);
-  EXPECT_TRUE(ma->entry->fused_faster());  // the fastest fused sample, 100 us, against 120
+  EXPECT_DOUBLE_EQ(ma->entry->unfused_us, 120.0);  // the 100 us row's, not the 90 or 200 of the others
+  EXPECT_TRUE(ma->entry->fused_faster());
   EXPECT_DOUBLE_EQ(mb->entry->unfused_us, 0.0);
 }
 
