@@ -111,8 +111,12 @@ int tune_command(const TuneOptions& o) {
   }
   std::cout << "best single fixed n_comm: " << s.fixed_n_comm0 << "/" << s.fixed_n_comm1 << ", summed "
             << s.fixed_total_us << " us; tuned choices summed " << s.tuned_total_us << " us ("
-            << std::setprecision(3) << s.fixed_total_us / s.tuned_total_us << "x)\n"
-            << "wrote " << s.table.entries().size() << " entries to " << o.out << " (" << table.entries().size()
+            << std::setprecision(3) << s.fixed_total_us / s.tuned_total_us << "x)\n";
+  if (s.path_workloads > 0)
+    std::cout << std::setprecision(1) << "forward path (ForwardPath::kTuned) over " << s.path_workloads
+              << " workloads: summed " << s.path_total_us << " us; always unfused " << s.unfused_total_us
+              << " us, always fused " << s.fused_total_us << " us\n";
+  std::cout << "wrote " << s.table.entries().size() << " entries to " << o.out << " (" << table.entries().size()
             << " in the file)\n";
 #endif
   return 0;

@@ -103,6 +103,10 @@ struct TuneSummary {
   int fixed_n_comm0 = 0, fixed_n_comm1 = 0;
   double tuned_total_us = 0;  // sum over workloads of the table's choice
   double fixed_total_us = 0;  // sum over workloads of the best fixed pair
+  // The forward path (ForwardPath::kTuned) over the workloads whose entry has an unfused time:
+  // how many, and the sums of the path's time, of always unfused and of always fused.
+  int path_workloads = 0;
+  double path_total_us = 0, unfused_total_us = 0, fused_total_us = 0;
 };
 // Throws comet::Error if `samples` is empty or no pair was measured on every workload.
 TuneSummary summarize_tuning(const std::vector<TuneSample>& samples);

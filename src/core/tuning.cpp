@@ -165,6 +165,12 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
     // comparison; a median over the other rows would set a minimum against a middle value).
     out.table.add(TuningEntry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us, best[w]->unfused_us});
     out.tuned_total_us += best[w]->latency_us;
+    if (best[w]->unfused_us > 0) {
+      ++out.path_workloads;
+      out.fused_total_us += best[w]->latency_us;
+      out.unfused_total_us += best[w]->unfused_us;
+      out.path_total_us += std::min(best[w]->latency_us, best[w]->unfused_us);  // fused only when faster
+    }
   }
   bool found = false;
   for (const auto& [pair, t] : pair_totals) {

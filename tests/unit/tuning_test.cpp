@@ -241,6 +241,11 @@ TEST(Tuning, SummaryRecordsTheWinningRowsUnfusedTime) {
   EXPECT_DOUBLE_EQ(ma->entry->unfused_us, 120.0);  // the 100 us row's, not the 90 or 200 of the others
   EXPECT_TRUE(ma->entry->fused_faster());
   EXPECT_DOUBLE_EQ(mb->entry->unfused_us, 0.0);
+  // The path totals count only workloads with an unfused time (a): fused 100 against 120.
+  EXPECT_EQ(s.path_workloads, 1);
+  EXPECT_DOUBLE_EQ(s.path_total_us, 100.0);
+  EXPECT_DOUBLE_EQ(s.unfused_total_us, 120.0);
+  EXPECT_DOUBLE_EQ(s.fused_total_us, 100.0);
 }
 
 TEST(Tuning, SummaryRefusesNoSamplesAndPairsNeverMeasuredEverywhere) {
