@@ -57,6 +57,9 @@ std::vector<PlanCase> plan_cases() {
   // one rank.
   out.push_back({4, 1, 64, 16, 2500, {2500, 1777, 0, 1025}, {RoutingKind::kUniform, 0, 0.2}, seed++});
   out.push_back({2, 1, 4, 1, 3000, {3000, 2049}, {RoutingKind::kZipf, 3.0, 0}, seed++});
+  // EP x TP with several chunks per source, chunks ending one token in (513, 257) and an empty
+  // rank: send positions per EP group and chunk bases across chunks.
+  out.push_back({4, 2, 64, 4, 700, {700, 0, 513, 257}, {RoutingKind::kZipf, 1.3, 0.1}, seed++, 2});
   return out;
 }
 
