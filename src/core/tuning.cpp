@@ -163,13 +163,14 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
   for (size_t w = 0; w < workloads.size(); ++w) {
     // The winning row's own unfused time: timed in the same loop as its fused time (a paired
     // comparison; a median over the other rows would set a minimum against a middle value).
-    out.table.add(TuningEntry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us, best[w]->unfused_us});
-    out.tuned_total_us += best[w]->latency_us;
-    if (best[w]->unfused_us > 0) {
+    const TuningEntry entry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us, best[w]->unfused_us};
+    out.table.add(entry);
+    out.tuned_total_us += entry.latency_us;
+    if (entry.unfused_us > 0) {
       ++out.path_workloads;
-      out.fused_total_us += best[w]->latency_us;
-      out.unfused_total_us += best[w]->unfused_us;
-      out.path_total_us += std::min(best[w]->latency_us, best[w]->unfused_us);  // fused only when faster
+      out.fused_total_us += entry.latency_us;
+      out.unfused_total_us += entry.unfused_us;
+      out.path_total_us += entry.fused_faster() ? entry.latency_us : entry.unfused_us;  // choose_path's rule
     }
   }
   bool found = false;

@@ -154,20 +154,16 @@ struct MoeLayer::Impl {
   bool fused_path() const { return path.fused; }
   // The path and n_comm from options, the tuning table (nearest entry at T_max) or the cost model.
   void resolve_choices() {
-    if (options.path != ForwardPath::kTuned && options.n_comm0 > 0 && options.n_comm1 > 0) {  // nothing to look up
-      path = {options.path == ForwardPath::kFused, "options"};
-      n_comm = {options.n_comm0, options.n_comm1, "options"};
-      return;
-    }
+    const bool tuned_path = options.path == ForwardPath::kTuned;
+    const bool n_comm_given = options.n_comm0 > 0 && options.n_comm1 > 0;
+    if (!tuned_path) path = {options.path == ForwardPath::kFused, "options"};
+    if (n_comm_given) n_comm = {options.n_comm0, options.n_comm1, "options"};
+    if (!tuned_path && n_comm_given) return;  // nothing to look up
     const cuda::DeviceInfo info = cuda::query_device_info();
     const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
-    if (options.path == ForwardPath::kTuned) path = choose_path(&tuning, key);
-    else path = {options.path == ForwardPath::kFused, "options"};
-    if (options.n_comm0 > 0 && options.n_comm1 > 0) {
-      n_comm = {options.n_comm0, options.n_comm1, "options"};
-      return;
-    }
+    if (tuned_path) path = choose_path(&tuning, key);
+    if (n_comm_given) return;
     GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
     gpu.num_sms = info.num_sms;
     if (options.link.on()) gpu.link_gbps = options.link.gbps;  // the link the copies are paced to
