@@ -225,7 +225,9 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
     if (several_rows)
       stem += "-" + row.model + "-t" + std::to_string(row.tokens) + "-n" + std::to_string(row.n_comm0) + "-" +
               std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m) + "-s" +
-              std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms);
+              std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms) +
+              "-c" + layer0_copies_name(row.layer0_copies) +
+              "-o" + dispatch_order_name(row.dispatch_order);
     if (per_process) stem += "-rank" + std::to_string(row.rank);
     row.trace_path = stem + ".json";
   }
@@ -261,7 +263,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       for (int tokens : o.tokens)
         for (const RoutingSpec& routing : o.routings) workloads.push_back({ep, tp, name, tokens, routing});
   const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size() * o.layer0_stages.size() *
-                         o.unfused_gemms.size());
+                         o.unfused_gemms.size() * o.layer0_copies.size() * o.dispatch_orders.size());
   const int total = int(workloads.size()) * combos;
   int done = 0;
   for (const Workload& w : workloads) {
@@ -306,7 +308,9 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       for (int n1 : o.n_comm1)
         for (int group : o.layer0_group_m)
         for (int stages : o.layer0_stages)
-        for (UnfusedGemms unfused_gemms : o.unfused_gemms) {
+        for (UnfusedGemms unfused_gemms : o.unfused_gemms)
+        for (Layer0Copies copies0 : o.layer0_copies)
+        for (DispatchOrder order0 : o.dispatch_orders) {
           if (progress)
             progress(done, total,
                      name + " T=" + std::to_string(tokens) + " EPxTP=" + std::to_string(w.ep) + "x" +
@@ -321,6 +325,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           fused.n_comm1 = n1;
           fused.layer0_group_m = group;
           fused.layer0_stages = stages;
+          fused.layer0_copies = copies0;
+          fused.dispatch_order = order0;
           layer.set_options(fused);
           LayerBenchRow row = baseline_row;
           row.model = name;
@@ -336,6 +342,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.layer0_group_m = group;
           row.layer0_stages = stages;
           row.unfused_gemms = unfused_gemms;
+          row.layer0_copies = copies0;
+          row.dispatch_order = order0;
           row.n_comm_source = layer.n_comm().source;
           row.tuned_fused = tuned_path.fused;
           row.path_source = tuned_path.source;
@@ -359,7 +367,11 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
               {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
               {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
               {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
-              {"fused-gemms", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kFusedGemms, st); }},
+              {"fused-gemms",  // the fused kernels of this row's options (n_comm, who copies)
+               [&](cudaStream_t st) {
+                 layer.set_options(fused);
+                 layer.run_part(MoeLayer::Part::kFusedGemms, st);
+               }},
           };
           const size_t first_baseline = variants.size();
           if (base.layer) {

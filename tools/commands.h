@@ -77,6 +77,8 @@ struct BenchLayerOptions {
   std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
   std::string emulate_link;       // GBPS[,LATENCY_US] (comet/link_emulation.h); empty: off
   bool no_baselines = false;
+  std::vector<std::string> dispatch_orders{"ring"};  // each ring | rows (LayerOptions::dispatch_order), swept
+  std::vector<std::string> layer0_copies{"blocks"};  // each blocks | gemm (LayerOptions::layer0_copies), swept
   std::vector<std::string> unfused_gemms{"fused"};  // each fused | auto (LayerOptions::unfused_gemms), swept
   bool json = false;
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)

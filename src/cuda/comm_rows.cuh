@@ -61,26 +61,44 @@ __device__ inline void load_recv_psum(const FusedCommArgs& f, int32_t* psum) {
   __syncthreads();
 }
 
-// The plan's entries for kDispatchTokens received slots: per lane, the slot's row `lane` in the
-// A buffer (-1 past its rows) and the token's index at its source. Loaded one batch ahead.
+// The plan's entries for kDispatchTokens items: per lane, the item's A row `lane` (-1 past its
+// rows), the token's index at its source and the source's ring position (-1: nothing to move).
+// Items are received slots (ring order; every A row the token feeds) or, with f.dispatch_by_row,
+// A rows (expert-major; one row each, from plan.row_source). Loaded one batch ahead.
 struct DispatchBatch {
   int my_row[kDispatchTokens];
   int token[kDispatchTokens];
+  int pos[kDispatchTokens];
 };
-__device__ __forceinline__ DispatchBatch load_dispatch_batch(const FusedCommArgs& f, int first, int num_warps,
-                                                             int total, int lane) {
+__device__ __forceinline__ DispatchBatch load_dispatch_batch(const FusedCommArgs& f, const int32_t* psum, int first,
+                                                             int num_warps, int total, int lane) {
   DispatchBatch batch;
 #pragma unroll
   for (int b = 0; b < kDispatchTokens; ++b) {
-    const int slot = first + b * num_warps;
+    const int item = first + b * num_warps;
     batch.my_row[b] = -1;
     batch.token[b] = 0;
-    if (slot < total) {
-      batch.my_row[b] = lane < f.rows_per_token ? f.plan.recv_rows[int64_t(slot) * f.rows_per_token + lane] : -1;
-      batch.token[b] = f.plan.recv_token[slot];
+    batch.pos[b] = -1;
+    if (item >= total) continue;
+    if (f.dispatch_by_row) {
+      const int source = f.plan.row_source[item];
+      if (source < 0) continue;  // an expert's padding row
+      batch.my_row[b] = lane == 0 ? item : -1;
+      batch.token[b] = source & ((1 << kRowSourceTokenBits) - 1);
+      batch.pos[b] = source >> kRowSourceTokenBits;
+    } else {
+      batch.my_row[b] = lane < f.rows_per_token ? f.plan.recv_rows[int64_t(item) * f.rows_per_token + lane] : -1;
+      batch.token[b] = f.plan.recv_token[item];
+      batch.pos[b] = ring_pos(psum, f.world, item);
     }
   }
   return batch;
+}
+
+// Items of the dispatch: received slots, or with f.dispatch_by_row the A rows of this call's M
+// tiles (padding included; padding rows move nothing).
+__device__ __forceinline__ int dispatch_items(const FusedCommArgs& f, const int32_t* psum) {
+  return f.dispatch_by_row ? f.plan.counts[0] * kGemmBlockM : psum[f.world];
 }
 
 // Dispatch: warp `warp` of `num_warps` moves slots warp, warp + num_warps, ..., kDispatchTokens
@@ -88,29 +106,27 @@ __device__ __forceinline__ DispatchBatch load_dispatch_batch(const FusedCommArgs
 // next batch's plan entries are loaded before this batch's rows, so a batch costs one load
 // latency for its rows, not a second one for where they come from and go.
 __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {
-  const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
+  const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = dispatch_items(f, psum);
   uint4* a_rows = static_cast<uint4*>(f.a_rows);
   if (warp == 0 && lane == 0) link_zero(f.link_reset);  // link emulation: the combine's pacer
-  int pos = 0;  // slots only grow, so the ring position only advances
   ChunkRecorder trace(f.trace, 0, f.rank);
-  DispatchBatch upcoming = load_dispatch_batch(f, warp, num_warps, total, lane);
+  DispatchBatch upcoming = load_dispatch_batch(f, psum, warp, num_warps, total, lane);
   for (int first = warp; first < total; first += kDispatchTokens * num_warps) {
     const DispatchBatch batch = upcoming;
-    upcoming = load_dispatch_batch(f, first + kDispatchTokens * num_warps, num_warps, total, lane);
+    upcoming = load_dispatch_batch(f, psum, first + kDispatchTokens * num_warps, num_warps, total, lane);
     const uint4* x[kDispatchTokens];
     int my_row[kDispatchTokens], num_rows[kDispatchTokens];
     uint64_t landed[kDispatchTokens];
 #pragma unroll
     for (int b = 0; b < kDispatchTokens; ++b) {  // warp-uniform: a slot past the end moves nothing
-      const int slot = first + b * num_warps;
+      const int item = first + b * num_warps;
       x[b] = nullptr;
       my_row[b] = -1;
       num_rows[b] = 0;
       landed[b] = 0;
-      if (slot >= total) continue;
-      trace.begin_item(slot);
-      while (pos + 1 < f.world && psum[pos + 1] <= slot) ++pos;
-      const int src = (f.rank + pos) % f.world;
+      if (batch.pos[b] < 0) continue;
+      trace.begin_item(item);
+      const int src = (f.rank + batch.pos[b]) % f.world;
       landed[b] = link_pull(f.link, src == f.rank ? 0 : uint64_t(chunks) * 16);  // emulated link
       my_row[b] = batch.my_row[b];
       num_rows[b] = __popc(__ballot_sync(~0u, my_row[b] >= 0));  // rows are -1 padded at the end

@@ -295,6 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       }
     plan.m_tile_row[m] = first_row;
     plan.m_tile_rows[m] = rows;
+    for (int row = first_row + rows; row < first_row + kGemmBlockM; ++row) plan.row_source[row] = -1;  // padding
     plan.m_tile_last[m] = last;
     atomicAdd(&sm.key_next[stage_of(last)], 1);
   }
@@ -444,7 +445,9 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
     int j = 0;
     for (int k = 0; k < K && j < R; ++k) {
       if (lk[k] < 0) continue;
-      plan.recv_rows[size_t(slot) * R + j] = warp_cnt[warp * E + lk[k]] + wrank[k];
+      const int row = warp_cnt[warp * E + lk[k]] + wrank[k];
+      plan.recv_rows[size_t(slot) * R + j] = row;
+      plan.row_source[row] = (pos << kRowSourceTokenBits) | t;
       plan.recv_weight[size_t(slot) * R + j] = weights[size_t(t) * K + k];
       ++j;
     }
@@ -486,6 +489,8 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
                   << c.max_tokens_per_rank);
   const int64_t W = c.layout.world, Tm = c.max_tokens_per_rank, E = c.experts_per_rank();
   const int64_t chunks = (Tm + kChunkTokens - 1) / kChunkTokens;
+  COMET_CHECK(Tm < (int64_t(1) << kRowSourceTokenBits),
+              "the device plan needs max_tokens_per_rank below 2^" << kRowSourceTokenBits << ", got " << Tm);
   rows_per_token = std::min<int>(c.model.topk, int(E));
   max_rows = c.max_rows_per_rank();
   max_m_tiles = c.max_m_tiles_per_rank();
@@ -496,7 +501,7 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
                            Tm * W * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, 3 * 4,
                            max_m_tiles * n_blocks0 * int64_t(sizeof(GemmTile)),
                            max_m_tiles * n_blocks1 * int64_t(sizeof(GemmTile)), 2 * 4, W * chunks * E * 4,
-                           W * chunks * 4, chunks * W * 4, W * chunks * 4};
+                           W * chunks * 4, chunks * W * 4, W * chunks * 4, max_rows * 4};
   for (int64_t bytes : sizes) {
     offsets_.push_back(total_bytes_);
     total_bytes_ += (bytes + 255) / 256 * 256;
@@ -511,7 +516,7 @@ DevicePlanView DevicePlanLayout::view(void* base) const {
           reinterpret_cast<int32_t*>(at(9)),  reinterpret_cast<int32_t*>(at(10)), reinterpret_cast<int32_t*>(at(11)),
           reinterpret_cast<int32_t*>(at(12)), reinterpret_cast<GemmTile*>(at(13)), reinterpret_cast<GemmTile*>(at(14)),
           reinterpret_cast<int32_t*>(at(15)), reinterpret_cast<int32_t*>(at(16)), reinterpret_cast<int32_t*>(at(17)),
-          reinterpret_cast<int32_t*>(at(18)), reinterpret_cast<int32_t*>(at(19))};
+          reinterpret_cast<int32_t*>(at(18)), reinterpret_cast<int32_t*>(at(19)), reinterpret_cast<int32_t*>(at(20))};
 }
 
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream) {

@@ -31,6 +31,10 @@
 //   chunk_flags    [W * C]        1: chunk c of ring position p repeats an expert in a token
 //                                 (scratch; the chunk bases above hold counts until the layout
 //                                 kernel turns them into bases)
+//   row_source     [max_rows]     where A row i comes from: (ring position << 24) | token index
+//                                 on that source, -1 for the padding rows of an expert's last
+//                                 M tile (rows past the last M tile are not written); the
+//                                 dispatch in A-row order reads it (Layer0Order::kRows)
 #pragma once
 
 #include <cstdint>
@@ -65,7 +69,11 @@ struct DevicePlanView {
   int32_t* chunk_slot_base;
   int32_t* chunk_send_base;
   int32_t* chunk_flags;
+  int32_t* row_source;
 };
+
+// row_source's packing: a ring position (< kMaxWorld = 64) above a token index below 2^24.
+inline constexpr int kRowSourceTokenBits = 24;
 
 // Sizes of the plan buffers of one rank for `config` (block_m must be kGemmBlockM).
 struct DevicePlanLayout {

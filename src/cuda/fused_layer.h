@@ -52,6 +52,12 @@ struct FusedCommArgs {
   int num_col_blocks = 0;             // layer1 column blocks
   int col_width = 256;                // output columns of one layer1 column block
   int n_comm = 16;                    // blocks that communicate
+  // layer0 only: no communication blocks; a warp of every GEMM block moves the rows with bulk
+  // asynchronous copies (LayerOptions::layer0_copies, cuda/dispatch_bulk.cuh); n_comm unused.
+  int gemm_block_copies = 0;
+  // layer0 (fused or not): dispatch in A-row order (expert-major, plan.row_source) instead of by
+  // received token in ring order (LayerOptions::layer0_order); the A rows are the same.
+  int dispatch_by_row = 0;
   int stall = 0;                      // fault injection (tests): the comm blocks do nothing
   uint64_t timeout_ns = 5'000'000'000ull;
   DeviceError* error = nullptr;
@@ -70,6 +76,13 @@ struct FusedCommArgs {
 // the GEMM side (tiles, signals: layer0 sets wait_flags/wait_targets, layer1 done_flags).
 // Throws comet::Error if n_comm leaves no GEMM block or the grid cannot be co-resident.
 void run_fused_layer0(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream);
+// The configuration run_fused_layer0 launches when comm.gemm_block_copies is set.
+void run_fused_layer0_gemm_copies(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream);
+// Shared memory a GEMM block of that configuration sets aside for its copy ring; the rows of
+// one token must fit it (hidden * 2 bytes, under 45 KB).
+inline constexpr int kDispatchRingBytes = 47 * 1024;
+// Whether a token row of `hidden` bf16 fits that ring (cuda/dispatch_bulk.cuh).
+bool bulk_dispatch_fits(int hidden);
 void run_fused_layer1(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream);
 
 }  // namespace comet::cuda

@@ -187,6 +187,7 @@ struct MoeLayer::Impl {
   int layer0_stages() const {
     if (!fused_path()) return 1;
     if (options.layer0_stages > 0) return options.layer0_stages;
+    if (options.dispatch_order == DispatchOrder::kRows) return 1;  // rows land in GEMM0's expert-major order
     return default_layer0_stages(config.layout.world);
   }
   // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
@@ -260,6 +261,8 @@ struct MoeLayer::Impl {
     f.num_col_blocks = int(plan_layout.n_blocks1);
     f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
     f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
+    f.gemm_block_copies = layer == 0 && options.layer0_copies == Layer0Copies::kGemmBlocks;
+    f.dispatch_by_row = layer == 0 && options.dispatch_order == DispatchOrder::kRows;
     f.stall = options.stall_rank == k.rank;
     f.timeout_ns = timeout_ns();
     f.error = k.error;
@@ -672,6 +675,14 @@ void MoeLayer::set_options(const LayerOptions& o) {
               "MoeLayer: trace_chunk_capacity must be in [0, 2^31), got " << o.trace_chunk_capacity);
   const Status link = o.link.validate();
   COMET_CHECK(link.ok, "MoeLayer: " << link.reason);
+  if (o.layer0_copies == Layer0Copies::kGemmBlocks) {
+    COMET_CHECK(!o.link.on(), "MoeLayer: layer0 copies in the GEMM blocks cannot be paced to an emulated link; use "
+                              "Layer0Copies::kCommBlocks");
+    const int hidden = impl_->config.model.hidden;
+    COMET_CHECK(cuda::bulk_dispatch_fits(hidden), "MoeLayer: a token row of hidden " << hidden
+                                                      << " does not fit the GEMM blocks' copy ring; use "
+                                                         "Layer0Copies::kCommBlocks");
+  }
   impl_->options = o;
   impl_->resolve_choices();
 }

@@ -12,6 +12,7 @@
 
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
+#include "cuda/dispatch_bulk.cuh"
 #include "cuda/fused_layer.h"
 #include "cuda/sm90_grouped_gemm_launch.cuh"  // kMaxDevices
 
@@ -21,6 +22,15 @@ template <class Gemm, int kLayer>
 __global__ void __launch_bounds__(Gemm::kThreads, 1)
     fused_layer_kernel(const __grid_constant__ typename Gemm::Params g, const __grid_constant__ FusedCommArgs f) {
   extern __shared__ __align__(128) char smem[];
+  // Layer0 with Layer0Copies::kGemmBlocks: no communication blocks; a warp of every block's
+  // producer warpgroup moves rows (cuda/dispatch_bulk.cuh) while the block runs GEMM0 tiles.
+  if constexpr (kLayer == 0 && Gemm::kHelperSmemBytes > 0) {
+    const auto dispatch = [&f](char* helper_smem) {
+      if (!f.stall) dispatch_rows_bulk(f, helper_smem, Gemm::kHelperSmemBytes, int(blockIdx.x), int(gridDim.x));
+    };
+    Gemm::template run_block<false>(g, 0, 1, smem, typename Gemm::NoWork{}, dispatch);
+    return;
+  }
   if (int(blockIdx.x) < f.n_comm) {
     if (f.stall) return;
     int32_t* psum = reinterpret_cast<int32_t*>(smem);
@@ -75,10 +85,17 @@ void launch_fused_layer(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, 
     COMET_CHECK(per_sm >= 1, "fused layer" << kLayer << ": a block does not fit on an SM");
     sms_of_device[device].store(num_sms, std::memory_order_relaxed);
   }
-  COMET_CHECK(comm.n_comm >= 1 && comm.n_comm < num_sms,
-              "fused layer" << kLayer << ": n_comm " << comm.n_comm << " must be in [1, " << num_sms - 1 << "]");
+  constexpr bool kGemmBlockCopies = kLayer == 0 && Gemm::kHelperSmemBytes > 0;
+  if constexpr (kGemmBlockCopies) {
+    COMET_CHECK(gemm.tile_claims != nullptr, "fused layer0 with copies in the GEMM blocks needs claimed tiles");
+    COMET_CHECK(bulk_dispatch_slots(Gemm::kHelperSmemBytes, comm.hidden) >= 1,
+                "fused layer0: a row of " << comm.hidden << " bf16 does not fit the GEMM blocks' copy ring");
+  } else {
+    COMET_CHECK(comm.n_comm >= 1 && comm.n_comm < num_sms,
+                "fused layer" << kLayer << ": n_comm " << comm.n_comm << " must be in [1, " << num_sms - 1 << "]");
+  }
   // Layer0's communication blocks claim tiles too once their copies are done (not when stalled).
-  const int claim_blocks = kLayer == 0 && !comm.stall ? num_sms : num_sms - comm.n_comm;
+  const int claim_blocks = kGemmBlockCopies || (kLayer == 0 && !comm.stall) ? num_sms : num_sms - comm.n_comm;
   const typename Gemm::Params params = Gemm::make_params(gemm, claim_blocks);
   FusedCommArgs f = comm;
   void* args[] = {const_cast<typename Gemm::Params*>(&params), &f};

@@ -52,7 +52,10 @@ namespace comet::cuda::sm90 {
 
 using namespace cute;
 
-template <GemmEpilogue kEpilogue, int kTileM_, int kTileN_, int kTileK_, int kClusterM_ = 1, bool kPingpong_ = false>
+// kHelperSmemBytes: shared memory set aside (out of the mainloop's stages) for a helper that a
+// warp of the producer warpgroup runs beside the GEMM (run_block); 0 for none.
+template <GemmEpilogue kEpilogue, int kTileM_, int kTileN_, int kTileK_, int kClusterM_ = 1, bool kPingpong_ = false,
+          int kHelperSmemBytes_ = 0>
 struct GroupedGemmKernel {
   static constexpr int kClusterM = kClusterM_;  // blocks per cluster, along M (they share B)
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 blocks");
@@ -80,6 +83,7 @@ struct GroupedGemmKernel {
   static constexpr int kStageBytes = kTileM * kStageLd * 2;
   static constexpr uint32_t kProducerRegs = 40;
   static constexpr uint32_t kConsumerRegs = 232;
+  static constexpr int kHelperSmemBytes = kHelperSmemBytes_;
 
   using Element = cutlass::bfloat16_t;
   using TileShape = Shape<Int<kTileM>, Int<kTileN>, Int<kTileK>>;
@@ -90,7 +94,7 @@ struct GroupedGemmKernel {
       Element, cutlass::layout::RowMajor, 8,     // A: [M][K], K contiguous
       Element, cutlass::layout::ColumnMajor, 8,  // B: [N][K], K contiguous
       float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<kStageBytes + 256>,
+      cutlass::gemm::collective::StageCountAutoCarveout<kStageBytes + 256 + kHelperSmemBytes>,
       std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
 
@@ -115,6 +119,7 @@ struct GroupedGemmKernel {
     alignas(16) typename MathOrder::SharedStorage math_order;
     int32_t queued_tile[kQueueSlots];
     alignas(16) __nv_bfloat16 stage[kTileM * kStageLd];  // epilogue staging
+    alignas(128) char helper[kHelperSmemBytes > 0 ? kHelperSmemBytes : 16];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "shared storage exceeds the 227 KiB an sm90 block may use");
@@ -199,14 +204,19 @@ struct GroupedGemmKernel {
   struct NoWork {
     __device__ void operator()() const {}
   };
+  // Warp 1 of the producer warpgroup runs helper(shared.helper) with the producer's 40
+  // registers while the GEMM runs (the other idle warps leave); it must not wait on the GEMM.
+  struct NoHelper {
+    __device__ void operator()(char*) const {}
+  };
   // kSplitTiles = false compiles the split roles out: every entry is a whole tile and no piece is
   // read (with the split roles compiled in, the ping-pong GEMM0 ran 1.6-5.2% slower on plain
   // schedules, docs/results/2026-11-30-split-tiles.md, section 4). Split schedules launch their own
   // instantiation (one translation unit each, sm90_grouped_gemm_*_split.cu); the fused kernels,
   // whose schedules the layer's plan builds unsplit, take false.
-  template <bool kSplitTiles, class AfterTiles = NoWork>
+  template <bool kSplitTiles, class AfterTiles = NoWork, class Helper = NoHelper>
   static __device__ void run_block(const Params& p, int gemm_block, int num_gemm_blocks, char* smem,
-                                   const AfterTiles& after_tiles = {}) {
+                                   const AfterTiles& after_tiles = {}, const Helper& helper = {}) {
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
     const int thread_idx = int(threadIdx.x);
     const int warp_group = thread_idx / 128;
@@ -248,6 +258,10 @@ struct GroupedGemmKernel {
     if (warp_group == 0) {
       // Step 1 (producer): the other three warps give their registers away and leave.
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if constexpr (!std::is_same_v<Helper, NoHelper>) {
+        static_assert(kHelperSmemBytes > 0, "a helper needs shared memory set aside");
+        if (warp_in_group == 1) helper(shared.helper);
+      }
       if (warp_in_group != 0) return;
       produce<kSplitTiles>(p, shared, pipeline, queue, gemm_block, num_gemm_blocks, num_tiles);
       return;

@@ -184,6 +184,18 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
       EXPECT_EQ(m_last[m], s0.m_tiles[m].last_source_pos) << "tile " << m;
       EXPECT_EQ(order[m], s0.order[m]) << "order " << m;
     }
+    // Where each A row of the M tiles comes from (the dispatch in row order): every received
+    // token's rows name its ring position and token, every padding row -1.
+    const auto row_source = download(v.row_source, size_t(nm) * kGemmBlockM);
+    std::vector<int> want_source(row_source.size(), -1);
+    for (int pos = 0; pos < W; ++pos)
+      for (int i = 0; i < psum[pos + 1] - psum[pos]; ++i)
+        for (int j = 0; j < R; ++j) {
+          const int row = recv_rows[size_t(psum[pos] + i) * R + j];
+          if (row >= 0) want_source.at(size_t(row)) = (pos << kRowSourceTokenBits) | tokens[psum[pos] + i];
+        }
+    for (size_t row = 0; row < row_source.size(); ++row)
+      ASSERT_EQ(row_source[row], want_source[row]) << "A row " << row;
     // GEMM tile lists: every (M tile, column block) once; layer0 groups follow the order.
     const auto n_tiles = download(v.num_tiles, 2);
     ASSERT_EQ(n_tiles[0], nm * int(layout.n_blocks0));

@@ -148,18 +148,37 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
 // (epoch counters advance, never reset).
 class FusedLayerTest : public ::testing::TestWithParam<LayerCase> {};
 
-// The fused kernels with each (n_comm0, n_comm1), `calls` forwards each on poisoned outputs:
-// y must equal `unfused` bitwise every time.
+// The fused kernels with each (n_comm0, n_comm1), and once more with layer0's copies in the GEMM
+// blocks (Layer0Copies::kGemmBlocks, the last pair's n_comm1), `calls` forwards each on
+// poisoned outputs: y must equal `unfused` bitwise every time.
 void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
                                  const std::vector<std::vector<float>>& unfused,
                                  std::initializer_list<std::pair<int, int>> n_comms, int calls,
                                  cudaStream_t stream) {
+  std::vector<LayerOptions> runs;
   for (auto [n0, n1] : n_comms) {
-    SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
     LayerOptions o;
     o.path = ForwardPath::kFused;
     o.n_comm0 = n0;
     o.n_comm1 = n1;
+    runs.push_back(o);
+  }
+  const LayerOptions last = runs.back();
+  for (Layer0Copies copies : {Layer0Copies::kCommBlocks, Layer0Copies::kGemmBlocks})
+    for (DispatchOrder order : {DispatchOrder::kRing, DispatchOrder::kRows}) {
+      if (copies == Layer0Copies::kCommBlocks && order == DispatchOrder::kRing) continue;  // runs above
+      runs.push_back(last);
+      runs.back().layer0_copies = copies;
+      runs.back().dispatch_order = order;
+    }
+  runs.push_back(last);  // the unfused dispatch kernel in row order
+  runs.back().path = ForwardPath::kUnfused;
+  runs.back().dispatch_order = DispatchOrder::kRows;
+  for (const LayerOptions& o : runs) {
+    SCOPED_TRACE(std::string(o.path == ForwardPath::kUnfused ? "unfused" : "fused") + " n_comm " +
+                 std::to_string(o.n_comm0) + "/" + std::to_string(o.n_comm1) +
+                 (o.layer0_copies == Layer0Copies::kGemmBlocks ? ", layer0 copies in the GEMM blocks" : "") +
+                 (o.dispatch_order == DispatchOrder::kRows ? ", dispatch in row order" : ""));
     layer.set_options(o);
     for (int call = 0; call < calls; ++call) {
       d.poison_y();
@@ -247,6 +266,15 @@ TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
     LayerOptions o;
     o.path = ForwardPath::kFused;
     o.link = link;
+    testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, 2);
+  }
+  for (DispatchOrder order : {DispatchOrder::kRing, DispatchOrder::kRows}) {
+    SCOPED_TRACE(std::string("layer0 copies in the GEMM blocks, order ") + (order == DispatchOrder::kRows ? "rows" : "ring"));
+    LayerRig rig(LayerCase{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11});
+    LayerOptions o;
+    o.path = ForwardPath::kFused;
+    o.layer0_copies = Layer0Copies::kGemmBlocks;
+    o.dispatch_order = order;
     testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, 2);
   }
 }
