@@ -226,8 +226,8 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
       stem += "-" + row.model + "-t" + std::to_string(row.tokens) + "-n" + std::to_string(row.n_comm0) + "-" +
               std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m) + "-s" +
               std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms) +
-              "-c" + layer0_copies_name(row.layer0_copies) +
-              "-o" + dispatch_order_name(row.dispatch_order);
+              "-c" + layer0_copies_name(row.layer0.copies) +
+              "-o" + dispatch_order_name(row.layer0.order);
     if (per_process) stem += "-rank" + std::to_string(row.rank);
     row.trace_path = stem + ".json";
   }
@@ -309,8 +309,12 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
         for (int group : o.layer0_group_m)
         for (int stages : o.layer0_stages)
         for (UnfusedGemms unfused_gemms : o.unfused_gemms)
-        for (Layer0Copies copies0 : o.layer0_copies)
-        for (DispatchOrder order0 : o.dispatch_orders) {
+        for (std::optional<Layer0Copies> copies0 : o.layer0_copies)
+        for (std::optional<DispatchOrder> order0 : o.dispatch_orders) {
+          if (copies0 == Layer0Copies::kGemmBlocks && n0 != o.n_comm0.front()) {  // n_comm0 unused
+            ++done;
+            continue;
+          }
           if (progress)
             progress(done, total,
                      name + " T=" + std::to_string(tokens) + " EPxTP=" + std::to_string(w.ep) + "x" +
@@ -342,8 +346,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.layer0_group_m = group;
           row.layer0_stages = stages;
           row.unfused_gemms = unfused_gemms;
-          row.layer0_copies = copies0;
-          row.dispatch_order = order0;
+          row.layer0 = layer.layer0_mode().mode;
           row.n_comm_source = layer.n_comm().source;
           row.tuned_fused = tuned_path.fused;
           row.path_source = tuned_path.source;

@@ -44,10 +44,11 @@ struct LayerBenchOptions {
   // The unfused forward's and compute-only's GEMMs (LayerOptions::unfused_gemms), swept: one row
   // each, so `fused,auto` times both on the same workload in one run.
   std::vector<UnfusedGemms> unfused_gemms{UnfusedGemms::kFusedSchedule};
-  // Who moves the fused layer0's rows (LayerOptions::layer0_copies), swept: one row each.
-  std::vector<Layer0Copies> layer0_copies{Layer0Copies::kCommBlocks};
-  // The dispatch order of the fused forward (LayerOptions::dispatch_order), swept: one row each.
-  std::vector<DispatchOrder> dispatch_orders{DispatchOrder::kRing};
+  // How the fused layer0 moves rows (LayerOptions::layer0_copies, dispatch_order), swept: one
+  // row each; unset: MoeLayer chooses (tuning table, else communication blocks in ring order).
+  // With copies in the GEMM blocks n_comm0 is unused, so only the first n_comm0 gets a row.
+  std::vector<std::optional<Layer0Copies>> layer0_copies{std::nullopt};
+  std::vector<std::optional<DispatchOrder>> dispatch_orders{std::nullopt};
   std::vector<int> chunks{2, 4};               // chunk counts tried for the chunked baseline
   // loopback: W virtual ranks on one GPU; local: one GPU per rank in this process; nccl: this
   // process's rank of a `comet launch` run (fabric::make_fabric). With several processes each
@@ -65,10 +66,6 @@ struct LayerBenchOptions {
 
 // "fused" or "auto": LayerOptions::unfused_gemms as `--unfused-gemms` and the tables name it.
 inline const char* unfused_gemms_name(UnfusedGemms g) { return g == UnfusedGemms::kAuto ? "auto" : "fused"; }
-// "blocks" or "gemm": LayerOptions::layer0_copies as `--copies0` and the tables name it.
-inline const char* layer0_copies_name(Layer0Copies c) { return c == Layer0Copies::kGemmBlocks ? "gemm" : "blocks"; }
-// "ring" or "rows": LayerOptions::dispatch_order as `--order0` and the tables name it.
-inline const char* dispatch_order_name(DispatchOrder o) { return o == DispatchOrder::kRows ? "rows" : "ring"; }
 
 struct LayerBenchRow {
   std::string model;
@@ -79,8 +76,7 @@ struct LayerBenchRow {
   int n_comm0 = 0, n_comm1 = 0, layer0_group_m = 0;  // 0: MoeLayer's default group
   int layer0_stages = 0;                              // 0: MoeLayer's default
   UnfusedGemms unfused_gemms = UnfusedGemms::kFusedSchedule;  // of the unfused and compute-only times
-  Layer0Copies layer0_copies = Layer0Copies::kCommBlocks;     // of the fused forward
-  DispatchOrder dispatch_order = DispatchOrder::kRing;        // of the fused forward
+  Layer0Mode layer0;  // how the fused forward's layer0 moved rows (as MoeLayer resolved it)
   std::string n_comm_source;
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;

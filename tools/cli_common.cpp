@@ -90,6 +90,32 @@ bool quiet_rank(const std::string& fabric) {
   return env && env->rank != 0;
 }
 
+void add_layer0_mode_options(CLI::App& app, std::vector<std::string>& copies, std::vector<std::string>& orders) {
+  app.add_option("--copies0", copies,
+                 "who moves the fused layer0's rows, comma separated list swept: auto (the tuning table's, else "
+                 "blocks), blocks (n_comm0 communication blocks) or gemm (a warp of every GEMM block, bulk "
+                 "asynchronous copies; docs/gpu_layer.md)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"auto", "blocks", "gemm"}));
+  app.add_option("--order0", orders,
+                 "order of layer0's dispatch, comma separated list swept: auto (the tuning table's, else ring), "
+                 "ring (by received token, own rows first) or rows (by A row, GEMM0's order; docs/gpu_layer.md)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"auto", "ring", "rows"}));
+}
+
+std::vector<std::optional<Layer0Copies>> layer0_copies_list(const std::vector<std::string>& names) {
+  std::vector<std::optional<Layer0Copies>> out;
+  for (const std::string& n : names) out.push_back(n == "auto" ? std::nullopt : parse_layer0_copies(n));
+  return out;
+}
+
+std::vector<std::optional<DispatchOrder>> dispatch_orders_list(const std::vector<std::string>& names) {
+  std::vector<std::optional<DispatchOrder>> out;
+  for (const std::string& n : names) out.push_back(n == "auto" ? std::nullopt : parse_dispatch_order(n));
+  return out;
+}
+
 void check_output_path(const std::string& path, const std::string& option) {
   if (path.empty()) return;
   const auto dir = std::filesystem::path(path).parent_path();

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "comet/config.h"
+#include "comet/layer0_mode.h"
 #include "comet/routing.h"
 
 namespace comet::tools {
@@ -51,6 +53,12 @@ void add_fabric_option(CLI::App& app, std::string& fabric);
 // Whether this process is a rank other than 0 of a `--fabric nccl` run (it measures, it does
 // not print or write).
 bool quiet_rank(const std::string& fabric);
+
+// --copies0 and --order0 (bench layer, tune): how the fused layer0 moves rows, swept lists of
+// names; "auto" leaves the choice to MoeLayer (its tuning table). The lists as options.
+void add_layer0_mode_options(CLI::App& app, std::vector<std::string>& copies, std::vector<std::string>& orders);
+std::vector<std::optional<Layer0Copies>> layer0_copies_list(const std::vector<std::string>& names);
+std::vector<std::optional<DispatchOrder>> dispatch_orders_list(const std::vector<std::string>& names);
 
 // A --routing value (uniform, zipf:S, imbalance:STD); UsageError "--routing: ..." otherwise.
 RoutingSpec parse_routing_option(const std::string& text);

@@ -75,16 +75,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
                 "docs/gpu_layer.md)")
       ->delimiter(',')
       ->check(CLI::IsMember({"fused", "auto"}));
-  l->add_option("--copies0", lo.layer0_copies,
-                "who moves the fused layer0's rows, comma separated list swept: blocks (n_comm0 communication "
-                "blocks) or gemm (a warp of every GEMM block, bulk asynchronous copies; docs/gpu_layer.md)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"blocks", "gemm"}));
-  l->add_option("--order0", lo.dispatch_orders,
-                "order of the fused forward's dispatch, comma separated list swept: ring (by received token, own "
-                "rows first) or rows (by A row, GEMM0's order; docs/gpu_layer.md)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"ring", "rows"}));
+  add_layer0_mode_options(*l, lo.layer0_copies, lo.dispatch_orders);
   add_fabric_option(*l, lo.fabric);
   l->add_flag("--json", lo.json, "JSON instead of the table");
   l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg");
@@ -193,12 +184,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.unfused_gemms.clear();
   for (const std::string& g : o.unfused_gemms)
     lo.unfused_gemms.push_back(g == "auto" ? UnfusedGemms::kAuto : UnfusedGemms::kFusedSchedule);
-  lo.layer0_copies.clear();
-  for (const std::string& c : o.layer0_copies)
-    lo.layer0_copies.push_back(c == "gemm" ? Layer0Copies::kGemmBlocks : Layer0Copies::kCommBlocks);
-  lo.dispatch_orders.clear();
-  for (const std::string& d : o.dispatch_orders)
-    lo.dispatch_orders.push_back(d == "rows" ? DispatchOrder::kRows : DispatchOrder::kRing);
+  lo.layer0_copies = layer0_copies_list(o.layer0_copies);
+  lo.dispatch_orders = dispatch_orders_list(o.dispatch_orders);
   lo.chunks = o.chunks;
   lo.fabric = o.fabric;
   lo.link = link;

@@ -1,7 +1,8 @@
-// `comet tune`: sweeps n_comm0 x n_comm1 of the fused kernels over workloads (W virtual ranks on
-// this GPU, or one GPU per rank with --fabric local|nccl) and writes the fastest pair of each
-// workload into a tuning table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md),
-// with the unfused forward's time beside it: ForwardPath::kTuned runs the faster of the two.
+// `comet tune`: sweeps n_comm0 x n_comm1 and the layer0 mode (comet/layer0_mode.h) of the fused
+// kernels over workloads (W virtual ranks on this GPU, or one GPU per rank with --fabric
+// local|nccl) and writes the fastest candidate of each workload into a tuning table
+// (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md), with the unfused forward's time
+// beside it: ForwardPath::kTuned runs the faster of the two.
 //   comet tune --models mixtral-8x7b --tokens 1024,4096 --out tuning/nvidia-h200.json
 //   comet launch -n 2 -- comet tune --fabric nccl --ep 2 --models mixtral-8x7b --out tuning/nvidia-h200.json
 #include <cmath>
@@ -32,6 +33,7 @@ CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
   t->add_option("--tp", o.tp, "tensor-parallel ranks")->check(CLI::PositiveNumber);
   t->add_option("--n-comm0", o.n_comm0, "layer0 candidates, comma separated")->delimiter(',')->check(CLI::PositiveNumber);
   t->add_option("--n-comm1", o.n_comm1, "layer1 candidates, comma separated")->delimiter(',')->check(CLI::PositiveNumber);
+  add_layer0_mode_options(*t, o.layer0_copies, o.dispatch_orders);
   t->add_option("--iters", o.iters, "timed iterations per candidate (median)")->check(CLI::Range(1, 100000));
   t->add_option("--out", o.out, "tuning table to write (entries of an existing file are kept unless replaced)")
       ->required();
@@ -56,6 +58,8 @@ int tune_command(const TuneOptions& o) {
   lo.tp = o.tp;
   lo.n_comm0 = o.n_comm0;
   lo.n_comm1 = o.n_comm1;
+  lo.layer0_copies = layer0_copies_list(o.layer0_copies);
+  lo.dispatch_orders = dispatch_orders_list(o.dispatch_orders);
   lo.iters = o.iters;
   lo.warmup_ms = 50;
   lo.baselines = false;
@@ -68,7 +72,8 @@ int tune_command(const TuneOptions& o) {
               << " x TP " << o.tp
               << (gpus == 1 ? " virtual ranks on one GPU (loopback fabric), "
                             : " ranks, one GPU each (" + o.fabric + " fabric), ")
-              << o.n_comm0.size() * o.n_comm1.size() << " candidates per workload, median of " << o.iters << "\n";
+              << o.n_comm0.size() * o.n_comm1.size() << " n_comm pairs x " << o.layer0_copies.size() << " x "
+              << o.dispatch_orders.size() << " layer0 modes per workload, median of " << o.iters << "\n";
   ProgressBar bar(std::cerr, !quiet);
   const auto rows = bench::run_layer_bench(lo, [&bar](int done, int total, const std::string& what) { bar(done, total, what); });
 
@@ -77,19 +82,19 @@ int tune_command(const TuneOptions& o) {
     if (!r.fused_equals_unfused)
       throw Error("comet tune: the fused output differs from the unfused one for " + r.model + " T=" +
                   std::to_string(r.tokens) + " with n_comm " + std::to_string(r.n_comm0) + "/" +
-                  std::to_string(r.n_comm1) + "; no table written");
+                  std::to_string(r.n_comm1) + ", layer0 " + describe(r.layer0) + "; no table written");
     LayerConfig c;
     c.model = ModelPresets::get(r.model);
     c.layout = {r.world, r.ep, r.tp};
     samples.push_back({tuning_key(c, info.name, info.num_sms, r.tokens, gpus), r.n_comm0, r.n_comm1, r.fused_us,
-                       r.unfused_us});
+                       r.unfused_us, r.layer0});
   }
   if (quiet) return 0;
   const TuneSummary s = summarize_tuning(samples);
   for (const TuningEntry& e : s.table.entries()) table.add(e);
   io::save_tuning_table(table, o.out);
 
-  std::cout << std::left << std::setw(16) << "model" << std::right << std::setw(7) << "T" << std::setw(10) << "n_comm"
+  std::cout << std::left << std::setw(16) << "model" << std::right << std::setw(7) << "T" << std::setw(10) << "n_comm" << std::setw(13) << "layer0"
             << std::setw(12) << "tuned us" << std::setw(12) << "fixed us" << std::setw(12) << "unfused us"
             << std::setw(9) << "path" << "\n"
             << std::fixed << std::setprecision(1);
@@ -97,7 +102,7 @@ int tune_command(const TuneOptions& o) {
     double fixed = 0;
     for (const auto& x : samples)
       if (x.key.same_workload_class(e.key) && x.key.tokens_per_rank == e.key.tokens_per_rank &&
-          x.n_comm0 == s.fixed_n_comm0 && x.n_comm1 == s.fixed_n_comm1)
+          x.n_comm0 == s.fixed_n_comm0 && x.n_comm1 == s.fixed_n_comm1 && x.layer0 == s.fixed_layer0)
         fixed = x.latency_us;
     std::string model;
     for (const auto& r : rows)
@@ -105,11 +110,13 @@ int tune_command(const TuneOptions& o) {
           ModelPresets::get(r.model).num_experts == e.key.num_experts)
         model = r.model;
     std::cout << std::left << std::setw(16) << model << std::right << std::setw(7) << e.key.tokens_per_rank
-              << std::setw(10) << (std::to_string(e.n_comm0) + "/" + std::to_string(e.n_comm1)) << std::setw(12)
+              << std::setw(10) << (std::to_string(e.n_comm0) + "/" + std::to_string(e.n_comm1)) << std::setw(13)
+              << describe(e.layer0) << std::setw(12)
               << e.latency_us << std::setw(12) << fixed << std::setw(12) << e.unfused_us << std::setw(9)
               << (e.fused_faster() ? "fused" : "unfused") << "\n";
   }
-  std::cout << "best single fixed n_comm: " << s.fixed_n_comm0 << "/" << s.fixed_n_comm1 << ", summed "
+  std::cout << "best single fixed n_comm: " << s.fixed_n_comm0 << "/" << s.fixed_n_comm1 << " with layer0 "
+            << describe(s.fixed_layer0) << ", summed "
             << s.fixed_total_us << " us; tuned choices summed " << s.tuned_total_us << " us ("
             << std::setprecision(3) << s.fixed_total_us / s.tuned_total_us << "x)\n";
   if (s.path_workloads > 0)

@@ -77,8 +77,8 @@ struct BenchLayerOptions {
   std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
   std::string emulate_link;       // GBPS[,LATENCY_US] (comet/link_emulation.h); empty: off
   bool no_baselines = false;
-  std::vector<std::string> dispatch_orders{"ring"};  // each ring | rows (LayerOptions::dispatch_order), swept
-  std::vector<std::string> layer0_copies{"blocks"};  // each blocks | gemm (LayerOptions::layer0_copies), swept
+  std::vector<std::string> dispatch_orders{"auto"};  // each auto | ring | rows (LayerOptions::dispatch_order), swept
+  std::vector<std::string> layer0_copies{"auto"};    // each auto | blocks | gemm (LayerOptions::layer0_copies), swept
   std::vector<std::string> unfused_gemms{"fused"};  // each fused | auto (LayerOptions::unfused_gemms), swept
   bool json = false;
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
@@ -101,6 +101,8 @@ struct TuneOptions {
   // are cheap (docs/results/2026-11-29-claimed-tiles-h200.md, W = 8: 32 within 0.6% of the best
   // n_comm0 tried, for every preset).
   std::vector<int> n_comm0{8, 16, 32, 64}, n_comm1{2, 8};
+  // Layer0 modes swept with them (comet/layer0_mode.h); with gemm copies n_comm0 is unused.
+  std::vector<std::string> layer0_copies{"blocks", "gemm"}, dispatch_orders{"ring", "rows"};
   int iters = 10;
   std::string fabric = "loopback";  // entries record the GPUs the ranks ran on (TuningKey::gpus)
   std::string out;

@@ -55,24 +55,6 @@ class Fabric;
 // Both give the same output bit for bit.
 enum class UnfusedGemms { kFusedSchedule, kAuto };
 
-// Who moves the fused layer0's token rows (docs/gpu_layer.md). Both write the same A rows, so
-// the output is the same bit for bit.
-enum class Layer0Copies {
-  kCommBlocks,  // n_comm0 communication blocks (register copies), which then join GEMM0
-  // No communication blocks: an idle warp of every GEMM block's producer warpgroup moves rows
-  // with bulk asynchronous copies while the block runs GEMM0 (one mainloop stage fewer).
-  kGemmBlocks,
-};
-
-// The order of layer0's dispatch, fused and unfused alike (docs/gpu_layer.md). The A rows are
-// the same either way, so the output is the same bit for bit.
-enum class DispatchOrder {
-  kRing,  // by received token in ring order (own rows first); a token is read once for all its rows
-  // By A row, expert-major: GEMM0's tile order with one stage, so the fused GEMM0 can start on
-  // the first rows that land and reads each expert's weights once; a token is read once per row.
-  kRows,
-};
-
 // Which forward() runs. Both compute the same output bit for bit (docs/gpu_layer.md).
 enum class ForwardPath {
   kUnfused,  // the unfused pipeline: one kernel per step
@@ -92,10 +74,13 @@ struct LayerOptions {
   // (set_tuning_table, comet/tuning.h) or else the analytic cost model; n_comm_source() says which.
   int n_comm0 = 0;
   int n_comm1 = 0;
-  // kGemmBlocks leaves n_comm0 unused; its copies record no trace chunks (the GEMM's tiles and
-  // waits are recorded), and it cannot be paced to an emulated link (LayerOptions::link).
-  Layer0Copies layer0_copies = Layer0Copies::kCommBlocks;
-  DispatchOrder dispatch_order = DispatchOrder::kRing;
+  // How the fused layer0 moves rows (comet/layer0_mode.h); unset: the nearest tuning-table
+  // entry's, else kCommBlocks and kRing; layer0_mode() says which. kGemmBlocks leaves n_comm0
+  // unused; its copies record no trace chunks (the GEMM's tiles and waits are recorded), and it
+  // cannot be paced to an emulated link (LayerOptions::link): with link emulation on, a table's
+  // kGemmBlocks is not taken.
+  std::optional<Layer0Copies> layer0_copies;
+  std::optional<DispatchOrder> dispatch_order;
   // Height in M tiles of the fused layer0 GEMM's raster groups (L2 reuse of B against how many
   // rows the first wave needs); 0 chooses (docs/gpu_layer.md).
   int layer0_group_m = 0;
@@ -149,6 +134,9 @@ class MoeLayer {
   // The path forward() runs (LayerOptions::path resolved) and why ("options" or the tuning
   // table's verdict); like n_comm(), looked up at T_max.
   PathChoice path() const;
+  // How the fused layer0 moves rows (LayerOptions::layer0_copies, dispatch_order, else the
+  // nearest tuning-table entry's, else communication blocks in ring order), and why.
+  Layer0ModeChoice layer0_mode() const;
 
   // Benchmarks only. Deterministic pseudo-random weights (uniform, scale 1/sqrt(fan-in)) written
   // on the device: full-size presets have more weights than fit in host fp32.

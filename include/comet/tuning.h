@@ -15,6 +15,7 @@
 
 #include "comet/config.h"
 #include "comet/cost_model.h"
+#include "comet/layer0_mode.h"
 
 namespace comet {
 
@@ -44,6 +45,7 @@ struct TuningEntry {
   // The unfused pipeline's forward on the same workload, measured in the same run (0: not
   // measured, as in tables written before it was recorded).
   double unfused_us = 0;
+  Layer0Mode layer0;  // how layer0 moved rows in the fused forward measured (optional in the JSON)
   // Whether the fused forward measured faster than the unfused one (false when either is missing).
   bool fused_faster() const { return latency_us > 0 && unfused_us > 0 && latency_us < unfused_us; }
 };
@@ -87,6 +89,14 @@ struct PathChoice {
 };
 PathChoice choose_path(const TuningTable* table, const TuningKey& key);
 
+// How the fused layer0 moves rows when LayerOptions leaves it unset: the nearest entry's mode
+// (within kMaxTuningDistance), else kCommBlocks / kRing; `source` says which.
+struct Layer0ModeChoice {
+  Layer0Mode mode;
+  std::string source;
+};
+Layer0ModeChoice choose_layer0_mode(const TuningTable* table, const TuningKey& key);
+
 // `comet tune`: every (workload, n_comm0, n_comm1) measured once. The table keeps each
 // workload's fastest pair; best_fixed is the single pair whose summed latency over all
 // workloads is lowest (the comparison docs/results/ reports), among pairs measured everywhere.
@@ -97,10 +107,13 @@ struct TuneSample {
   int n_comm0 = 0, n_comm1 = 0;
   double latency_us = 0;  // the fused forward
   double unfused_us = 0;  // the unfused forward measured beside it (0: not measured)
+  Layer0Mode layer0;
 };
 struct TuneSummary {
   TuningTable table;
+  // The best single candidate (n_comm pair and layer0 mode) measured on every workload.
   int fixed_n_comm0 = 0, fixed_n_comm1 = 0;
+  Layer0Mode fixed_layer0;
   double tuned_total_us = 0;  // sum over workloads of the table's choice
   double fixed_total_us = 0;  // sum over workloads of the best fixed pair
   // The forward path (ForwardPath::kTuned) over the workloads whose entry has an unfused time:
@@ -108,7 +121,7 @@ struct TuneSummary {
   int path_workloads = 0;
   double path_total_us = 0, unfused_total_us = 0, fused_total_us = 0;
 };
-// Throws comet::Error if `samples` is empty or no pair was measured on every workload.
+// Throws comet::Error if `samples` is empty or no candidate was measured on every workload.
 TuneSummary summarize_tuning(const std::vector<TuneSample>& samples);
 
 }  // namespace comet

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 namespace comet {
 
@@ -131,6 +132,41 @@ PathChoice choose_path(const TuningTable* table, const TuningKey& key) {
   return choice;
 }
 
+const char* layer0_copies_name(Layer0Copies copies) {
+  return copies == Layer0Copies::kGemmBlocks ? "gemm" : "blocks";
+}
+const char* dispatch_order_name(DispatchOrder order) { return order == DispatchOrder::kRows ? "rows" : "ring"; }
+std::optional<Layer0Copies> parse_layer0_copies(std::string_view name) {
+  if (name == "blocks") return Layer0Copies::kCommBlocks;
+  if (name == "gemm") return Layer0Copies::kGemmBlocks;
+  return std::nullopt;
+}
+std::optional<DispatchOrder> parse_dispatch_order(std::string_view name) {
+  if (name == "ring") return DispatchOrder::kRing;
+  if (name == "rows") return DispatchOrder::kRows;
+  return std::nullopt;
+}
+std::string describe(const Layer0Mode& mode) {
+  return std::string(layer0_copies_name(mode.copies)) + "/" + dispatch_order_name(mode.order);
+}
+
+Layer0ModeChoice choose_layer0_mode(const TuningTable* table, const TuningKey& key) {
+  Layer0ModeChoice choice;
+  std::ostringstream os;
+  if (table) {
+    if (const auto m = table->nearest(key); m && m->distance <= kMaxTuningDistance) {
+      choice.mode = m->entry->layer0;
+      os << describe(choice.mode) << ": tuning table entry for " << m->entry->key.tokens_per_rank
+         << " tokens/rank (distance " << m->distance << ")";
+      choice.source = os.str();
+      return choice;
+    }
+  }
+  os << describe(choice.mode) << ": no tuning entry within a factor of 2 in tokens for " << key.describe();
+  choice.source = os.str();
+  return choice;
+}
+
 TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
   COMET_CHECK(!samples.empty(), "summarize_tuning: no measurements");
   TuneSummary out;
@@ -143,8 +179,13 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
     return workloads.size() - 1;
   };
   std::vector<const TuneSample*> best;
-  std::map<std::pair<int, int>, std::pair<double, size_t>> pair_totals;  // pair -> (sum, workloads seen)
-  std::map<std::pair<int, int>, std::vector<bool>> pair_seen;
+  // A candidate: n_comm0, n_comm1 and the layer0 mode (copies, order) as integers.
+  using Candidate = std::tuple<int, int, int, int>;
+  auto candidate_of = [](const TuneSample& s) {
+    return Candidate{s.n_comm0, s.n_comm1, int(s.layer0.copies), int(s.layer0.order)};
+  };
+  std::map<Candidate, std::pair<double, size_t>> pair_totals;  // candidate -> (sum, workloads seen)
+  std::map<Candidate, std::vector<bool>> pair_seen;
   for (const TuneSample& s : samples) {
     const size_t w = workload_of(s.key);
     if (best.size() <= w) best.resize(w + 1, nullptr);
@@ -152,18 +193,19 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
   }
   for (const TuneSample& s : samples) {
     const size_t w = workload_of(s.key);
-    auto& seen = pair_seen[{s.n_comm0, s.n_comm1}];
+    auto& seen = pair_seen[candidate_of(s)];
     seen.resize(workloads.size(), false);
     if (seen[w]) continue;  // a repeated measurement counts once
     seen[w] = true;
-    auto& t = pair_totals[{s.n_comm0, s.n_comm1}];
+    auto& t = pair_totals[candidate_of(s)];
     t.first += s.latency_us;
     ++t.second;
   }
   for (size_t w = 0; w < workloads.size(); ++w) {
     // The winning row's own unfused time: timed in the same loop as its fused time (a paired
     // comparison; a median over the other rows would set a minimum against a middle value).
-    const TuningEntry entry{best[w]->key, best[w]->n_comm0, best[w]->n_comm1, best[w]->latency_us, best[w]->unfused_us};
+    const TuningEntry entry{best[w]->key,        best[w]->n_comm0,    best[w]->n_comm1,
+                            best[w]->latency_us, best[w]->unfused_us, best[w]->layer0};
     out.table.add(entry);
     out.tuned_total_us += entry.latency_us;
     if (entry.unfused_us > 0) {
@@ -174,16 +216,17 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
     }
   }
   bool found = false;
-  for (const auto& [pair, t] : pair_totals) {
+  for (const auto& [candidate, t] : pair_totals) {
     if (t.second != workloads.size()) continue;
     if (!found || t.first < out.fixed_total_us) {
       out.fixed_total_us = t.first;
-      out.fixed_n_comm0 = pair.first;
-      out.fixed_n_comm1 = pair.second;
+      out.fixed_n_comm0 = std::get<0>(candidate);
+      out.fixed_n_comm1 = std::get<1>(candidate);
+      out.fixed_layer0 = {Layer0Copies(std::get<2>(candidate)), DispatchOrder(std::get<3>(candidate))};
       found = true;
     }
   }
-  COMET_CHECK(found, "summarize_tuning: no (n_comm0, n_comm1) pair was measured on every workload");
+  COMET_CHECK(found, "summarize_tuning: no candidate (n_comm pair and layer0 mode) was measured on every workload");
   return out;
 }
 

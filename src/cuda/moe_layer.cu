@@ -151,18 +151,35 @@ struct MoeLayer::Impl {
   TuningTable tuning;
   NCommChoice n_comm;  // resolved from options, the tuning table or the cost model
   PathChoice path;     // resolved from options or the tuning table
+  Layer0ModeChoice layer0;  // resolved from options or the tuning table
   bool fused_path() const { return path.fused; }
-  // The path and n_comm from options, the tuning table (nearest entry at T_max) or the cost model.
+  // Copies in the GEMM blocks cannot be paced, and need a token row to fit their ring.
+  bool gemm_block_copies_possible(const LinkEmulation& link) const {
+    return !link.on() && cuda::bulk_dispatch_fits(config.model.hidden);
+  }
+  // The path, the layer0 mode and n_comm from options, the tuning table (nearest entry at T_max)
+  // or the defaults and the cost model.
   void resolve_choices() {
     const bool tuned_path = options.path == ForwardPath::kTuned;
     const bool n_comm_given = options.n_comm0 > 0 && options.n_comm1 > 0;
+    const bool mode_given = options.layer0_copies && options.dispatch_order;
     if (!tuned_path) path = {options.path == ForwardPath::kFused, "options"};
     if (n_comm_given) n_comm = {options.n_comm0, options.n_comm1, "options"};
-    if (!tuned_path && n_comm_given) return;  // nothing to look up
+    if (mode_given) layer0 = {{*options.layer0_copies, *options.dispatch_order}, "options"};
+    if (!tuned_path && n_comm_given && mode_given) return;  // nothing to look up
     const cuda::DeviceInfo info = cuda::query_device_info();
     const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
     if (tuned_path) path = choose_path(&tuning, key);
+    if (!mode_given) {
+      layer0 = choose_layer0_mode(&tuning, key);
+      if (layer0.mode.copies == Layer0Copies::kGemmBlocks && !gemm_block_copies_possible(options.link)) {
+        layer0.mode.copies = Layer0Copies::kCommBlocks;  // copies in the GEMM blocks cannot be paced
+        layer0.source += " (communication blocks: link emulation is on)";
+      }
+      if (options.layer0_copies) layer0.mode.copies = *options.layer0_copies;
+      if (options.dispatch_order) layer0.mode.order = *options.dispatch_order;
+    }
     if (n_comm_given) return;
     GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
     gpu.num_sms = info.num_sms;
@@ -187,7 +204,7 @@ struct MoeLayer::Impl {
   int layer0_stages() const {
     if (!fused_path()) return 1;
     if (options.layer0_stages > 0) return options.layer0_stages;
-    if (options.dispatch_order == DispatchOrder::kRows) return 1;  // rows land in GEMM0's expert-major order
+    if (layer0.mode.order == DispatchOrder::kRows) return 1;  // rows land in GEMM0's expert-major order
     return default_layer0_stages(config.layout.world);
   }
   // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
@@ -261,8 +278,8 @@ struct MoeLayer::Impl {
     f.num_col_blocks = int(plan_layout.n_blocks1);
     f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
     f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
-    f.gemm_block_copies = layer == 0 && options.layer0_copies == Layer0Copies::kGemmBlocks;
-    f.dispatch_by_row = layer == 0 && options.dispatch_order == DispatchOrder::kRows;
+    f.gemm_block_copies = layer == 0 && layer0.mode.copies == Layer0Copies::kGemmBlocks;
+    f.dispatch_by_row = layer == 0 && layer0.mode.order == DispatchOrder::kRows;
     f.stall = options.stall_rank == k.rank;
     f.timeout_ns = timeout_ns();
     f.error = k.error;
@@ -694,6 +711,7 @@ void MoeLayer::set_tuning_table(const TuningTable& table) {
 
 NCommChoice MoeLayer::n_comm() const { return impl_->n_comm; }
 PathChoice MoeLayer::path() const { return impl_->path; }
+Layer0ModeChoice MoeLayer::layer0_mode() const { return impl_->layer0; }
 
 void MoeLayer::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;

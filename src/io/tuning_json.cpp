@@ -12,7 +12,7 @@ namespace comet::io {
 namespace {
 const std::set<std::string> kEntryKeys = {"gpu", "num_sms", "hidden", "ffn", "experts", "topk", "world", "ep",
                                           "tp", "gpus", "tokens_per_rank", "n_comm0", "n_comm1", "latency_us",
-                                          "unfused_us"};
+                                          "unfused_us", "layer0_copies", "dispatch_order"};
 }  // namespace
 
 std::string tuning_table_json(const TuningTable& table) {
@@ -22,7 +22,9 @@ std::string tuning_table_json(const TuningTable& table) {
     entries.push_back({{"gpu", k.gpu}, {"num_sms", k.num_sms}, {"hidden", k.hidden}, {"ffn", k.ffn},
                        {"experts", k.num_experts}, {"topk", k.topk}, {"world", k.world}, {"ep", k.ep}, {"tp", k.tp},
                        {"gpus", k.gpus}, {"tokens_per_rank", k.tokens_per_rank}, {"n_comm0", e.n_comm0}, {"n_comm1", e.n_comm1},
-                       {"latency_us", e.latency_us}, {"unfused_us", e.unfused_us}});
+                       {"latency_us", e.latency_us}, {"unfused_us", e.unfused_us},
+                       {"layer0_copies", layer0_copies_name(e.layer0.copies)},
+                       {"dispatch_order", dispatch_order_name(e.layer0.order)}});
   }
   return nlohmann::json{{"format", kTuningFormat}, {"entries", entries}}.dump(2) + "\n";
 }
@@ -69,6 +71,18 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
     entry.latency_us = microseconds("latency_us");
     // "unfused_us" came later: without it the table cannot say the fused forward is faster.
     entry.unfused_us = microseconds("unfused_us");
+    // "layer0_copies" and "dispatch_order" came later: without them the entry measured the only
+    // mode there was, communication blocks in ring order.
+    auto name = [&](const char* key, const char* fallback, const char* allowed) {
+      if (!e.contains(key)) return std::string(fallback);
+      COMET_CHECK(e[key].is_string(), where << ": \"" << key << "\" must be one of " << allowed);
+      return e[key].get<std::string>();
+    };
+    const auto copies = parse_layer0_copies(name("layer0_copies", "blocks", "\"blocks\", \"gemm\""));
+    COMET_CHECK(copies, where << ": \"layer0_copies\" must be \"blocks\" or \"gemm\"");
+    const auto order = parse_dispatch_order(name("dispatch_order", "ring", "\"ring\", \"rows\""));
+    COMET_CHECK(order, where << ": \"dispatch_order\" must be \"ring\" or \"rows\"");
+    entry.layer0 = {*copies, *order};
     try {
       table.add(entry);
     } catch (const Error& err) {

@@ -343,6 +343,45 @@ TEST(MoeLayer, TunedPathFollowsTheTableEntry) {
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(forced); }, {"trace", "kFused"}));
 }
 
+// The layer0 mode: the table entry's when LayerOptions leaves it unset (with the fused output
+// unchanged), options over the table, and never copies in the GEMM blocks under link emulation
+// (they cannot be paced), which options asking for them are refused.
+TEST(MoeLayer, Layer0ModeFollowsTheTableEntryUnlessOptionsFixIt) {
+  COMET_REQUIRE_GPU();
+  LayerRig rig(LayerCase{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 9});
+  MoeLayer& layer = rig.layer;
+  LayerOptions fused;
+  fused.path = ForwardPath::kFused;
+  const auto want = rig.forward(fused);
+  EXPECT_EQ(layer.layer0_mode().mode, Layer0Mode{});
+  EXPECT_EQ(layer.layer0_mode().source.rfind("blocks/ring: no tuning entry", 0), 0u) << layer.layer0_mode().source;
+
+  const cuda::DeviceInfo info = cuda::query_device_info();
+  TuningEntry e{tuning_key(rig.config, info.name, info.num_sms, rig.config.max_tokens_per_rank), 16, 2, 100.0, 200.0};
+  e.layer0 = {Layer0Copies::kGemmBlocks, DispatchOrder::kRows};
+  TuningTable table;
+  table.add(e);
+  layer.set_tuning_table(table);
+  EXPECT_EQ(layer.layer0_mode().mode, e.layer0);
+  EXPECT_EQ(layer.layer0_mode().source.rfind("gemm/rows: tuning table", 0), 0u) << layer.layer0_mode().source;
+  EXPECT_EQ(rig.forward(fused), want);
+
+  LayerOptions ring = fused;
+  ring.dispatch_order = DispatchOrder::kRing;  // one part fixed, the other from the table
+  layer.set_options(ring);
+  EXPECT_EQ(layer.layer0_mode().mode, (Layer0Mode{Layer0Copies::kGemmBlocks, DispatchOrder::kRing}));
+  EXPECT_EQ(rig.forward(ring), want);
+
+  LayerOptions paced = fused;
+  paced.link = LinkEmulation{400, 1};
+  layer.set_options(paced);
+  EXPECT_EQ(layer.layer0_mode().mode.copies, Layer0Copies::kCommBlocks);
+  EXPECT_NE(layer.layer0_mode().source.find("link emulation"), std::string::npos) << layer.layer0_mode().source;
+  EXPECT_EQ(rig.forward(paced), want);
+  paced.layer0_copies = Layer0Copies::kGemmBlocks;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(paced); }, {"GEMM blocks", "emulated link"}));
+}
+
 TEST(MoeLayer, RefusesConfigurationsItCannotRun) {
   LayerConfig c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
   c.model.activation = Activation::kGelu;

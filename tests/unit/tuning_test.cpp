@@ -255,5 +255,68 @@ TEST(Tuning, SummaryRefusesNoSamplesAndPairsNeverMeasuredEverywhere) {
   EXPECT_THROW(summarize_tuning({{a, 8, 2, 1.0}, {b, 16, 2, 1.0}}), Error);
 }
 
+// The layer0 mode round-trips by name; a table written before it existed reads as
+// communication blocks in ring order; an unknown name is refused, naming the entry and the key.
+TEST(TuningJson, Layer0ModeRoundTripsDefaultsAndIsChecked) {
+  TuningTable t;
+  TuningEntry e{tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096), 32, 2, 900.0, 950.5};
+  e.layer0 = {Layer0Copies::kGemmBlocks, DispatchOrder::kRows};
+  t.add(e);
+  const std::string text = io::tuning_table_json(t);
+  EXPECT_NE(text.find("\"layer0_copies\": \"gemm\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"dispatch_order\": \"rows\""), std::string::npos) << text;
+  EXPECT_EQ(io::parse_tuning_table(text).entries()[0].layer0, e.layer0);
+  std::string old = text;
+  for (const std::string field : {"\n      \"dispatch_order\": \"rows\",", ",\n      \"layer0_copies\": \"gemm\""}) {
+    ASSERT_NE(old.find(field), std::string::npos) << old;
+    old.erase(old.find(field), field.size());
+  }
+  EXPECT_EQ(io::parse_tuning_table(old).entries()[0].layer0, Layer0Mode{});
+  std::string bad = text;
+  bad.replace(bad.find("\"gemm\""), 6, "\"warp\"");
+  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(bad, "t.json"); }, {"t.json", "entry 0", "layer0_copies"}));
+  std::string bad_order = text;
+  bad_order.replace(bad_order.find("\"rows\""), 6, "7");
+  EXPECT_TRUE(
+      throws_with<Error>([&] { io::parse_tuning_table(bad_order, "t.json"); }, {"t.json", "entry 0", "dispatch_order"}));
+}
+
+// The entry takes its winning sample's layer0 mode; the best fixed candidate is a mode as well
+// as an n_comm pair.
+TEST(Tuning, SummaryKeepsTheWinningLayer0Mode) {
+  const TuningKey a = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 1024);
+  const TuningKey b = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096);
+  const Layer0Mode blocks_ring{}, gemm_rows{Layer0Copies::kGemmBlocks, DispatchOrder::kRows};
+  const TuneSummary s = summarize_tuning({{a, 32, 2, 100.0, 0.0, blocks_ring},
+                                          {a, 32, 2, 90.0, 0.0, gemm_rows},
+                                          {b, 32, 2, 400.0, 0.0, blocks_ring},
+                                          {b, 32, 2, 410.0, 0.0, gemm_rows}});
+  const auto ma = s.table.nearest(a), mb = s.table.nearest(b);
+  ASSERT_TRUE(ma && mb);
+  EXPECT_EQ(ma->entry->layer0, gemm_rows);
+  EXPECT_DOUBLE_EQ(ma->entry->latency_us, 90.0);
+  EXPECT_EQ(mb->entry->layer0, blocks_ring);
+  EXPECT_EQ(s.fixed_layer0, blocks_ring);  // 500 us summed against 500 us: the first candidate in order
+  EXPECT_DOUBLE_EQ(s.tuned_total_us, 490.0);
+}
+
+TEST(Tuning, Layer0ModeFromTheNearestEntryElseCommBlocksInRingOrder) {
+  TuningTable t;
+  TuningEntry e{tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096), 32, 2, 900.0, 950.5};
+  e.layer0 = {Layer0Copies::kGemmBlocks, DispatchOrder::kRows};
+  t.add(e);
+  const Layer0ModeChoice near = choose_layer0_mode(&t, tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 6000));
+  EXPECT_EQ(near.mode, e.layer0);
+  EXPECT_EQ(near.source.rfind("gemm/rows: tuning table entry for 4096", 0), 0u) << near.source;
+  const Layer0ModeChoice far = choose_layer0_mode(&t, tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 1024));
+  EXPECT_EQ(far.mode, Layer0Mode{});
+  EXPECT_EQ(far.source.rfind("blocks/ring: no tuning entry", 0), 0u) << far.source;
+  EXPECT_EQ(choose_layer0_mode(nullptr, e.key).mode, Layer0Mode{});
+  EXPECT_EQ(parse_layer0_copies("gemm"), Layer0Copies::kGemmBlocks);
+  EXPECT_EQ(parse_dispatch_order("rows"), DispatchOrder::kRows);
+  EXPECT_FALSE(parse_layer0_copies("warp").has_value());
+  EXPECT_FALSE(parse_dispatch_order("").has_value());
+}
+
 }  // namespace
 }  // namespace comet
