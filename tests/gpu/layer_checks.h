@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comet/error.h"
@@ -14,6 +15,21 @@
 #include "ref/oracle.h"
 
 namespace comet::testing {
+
+// The forwards a multi-GPU test compares with Loopback: the unfused pipeline, the fused kernels
+// with the default layer0 mode (communication blocks, ring order) and with copies by the GEMM
+// blocks in row order (bulk copies reading the peers' rows).
+inline std::vector<std::pair<std::string, LayerOptions>> forward_variants() {
+  LayerOptions unfused, fused, gemm_rows;
+  unfused.path = ForwardPath::kUnfused;
+  fused.path = ForwardPath::kFused;
+  fused.layer0_copies = Layer0Copies::kCommBlocks;
+  fused.dispatch_order = DispatchOrder::kRing;
+  gemm_rows.path = ForwardPath::kFused;
+  gemm_rows.layer0_copies = Layer0Copies::kGemmBlocks;
+  gemm_rows.dispatch_order = DispatchOrder::kRows;
+  return {{"unfused", unfused}, {"fused blocks/ring", fused}, {"fused gemm/rows", gemm_rows}};
+}
 
 // `got` (one entry per rank) within the bf16 tolerance of `want` (the fp64 oracle's rows).
 inline ::testing::AssertionResult near_oracle(const std::vector<std::vector<float>>& got,

@@ -47,11 +47,10 @@ std::vector<LayerCase> local_cases(int world) {
   return out;
 }
 
-std::vector<std::vector<float>> run(const LayerConfig& c, const MoeProblem& p, fabric::Fabric& f, bool fused) {
+std::vector<std::vector<float>> run(const LayerConfig& c, const MoeProblem& p, fabric::Fabric& f,
+                                    const LayerOptions& o) {
   MoeLayer layer(c, f);
   layer.set_weights(p.weights);
-  LayerOptions o;
-  o.path = fused ? ForwardPath::kFused : ForwardPath::kUnfused;
   layer.set_options(o);
   cuda::DeviceProblem d(c, p, &f);
   layer.forward(d.tensors(), nullptr);
@@ -71,14 +70,14 @@ TEST(MoeLayerLocal, MatchesLoopbackBitwiseAndTheOracle) {
   COMET_REQUIRE_GPUS(2);
   const int W = std::min(visible_gpus(), 8);
   for (const LayerCase& lc : local_cases(W))
-    for (bool fused : {false, true}) {
-      SCOPED_TRACE(lc.describe() + (fused ? " fused" : " unfused"));
+    for (const auto& [name, o] : testing::forward_variants()) {
+      SCOPED_TRACE(lc.describe() + " " + name);
       const LayerConfig c = lc.config();
       const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
       auto local = fabric::make_local_fabric(W);
-      const auto got = run(c, p, *local, fused);
+      const auto got = run(c, p, *local, o);
       auto loopback = fabric::make_loopback_fabric(W, 0);
-      EXPECT_EQ(got, run(c, p, *loopback, fused)) << "Local and Loopback differ";
+      EXPECT_EQ(got, run(c, p, *loopback, o)) << "Local and Loopback differ";
       EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(p)));
     }
 }

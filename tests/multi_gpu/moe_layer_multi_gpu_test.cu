@@ -56,11 +56,9 @@ TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
   const int W = f.world(), me = f.first_local_rank();
   uint64_t seed = 7;
   for (const Case& k : cases(W))
-    for (bool fused : {false, true}) {
-      SCOPED_TRACE(k.model + " TP=" + std::to_string(k.tp) + (fused ? " fused" : " unfused"));
+    for (const auto& [name, o] : testing::forward_variants()) {
+      SCOPED_TRACE(k.model + " TP=" + std::to_string(k.tp) + " " + name);
       const LayerConfig c = config_of(k, W);
-      LayerOptions o;
-      o.path = fused ? ForwardPath::kFused : ForwardPath::kUnfused;
       MoeLayer layer(c, f);  // collective (allocates the symmetric heap)
       ExpertWeights weights;
       for (int call = 0; call < 2; ++call) {  // new routing and token counts, same buffers
