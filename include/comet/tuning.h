@@ -45,7 +45,7 @@ struct TuningEntry {
   // The unfused pipeline's forward on the same workload, measured in the same run (0: not
   // measured, as in tables written before it was recorded).
   double unfused_us = 0;
-  Layer0Mode layer0;  // how layer0 moved rows in the fused forward measured (optional in the JSON)
+  Layer0Mode layer0{};  // how layer0 moved rows in the fused forward measured (optional in the JSON)
   // Whether the fused forward measured faster than the unfused one (false when either is missing).
   bool fused_faster() const { return latency_us > 0 && unfused_us > 0 && latency_us < unfused_us; }
 };
@@ -107,7 +107,7 @@ struct TuneSample {
   int n_comm0 = 0, n_comm1 = 0;
   double latency_us = 0;  // the fused forward
   double unfused_us = 0;  // the unfused forward measured beside it (0: not measured)
-  Layer0Mode layer0;
+  Layer0Mode layer0{};
 };
 struct TuneSummary {
   TuningTable table;

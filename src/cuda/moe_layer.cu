@@ -153,9 +153,12 @@ struct MoeLayer::Impl {
   PathChoice path;     // resolved from options or the tuning table
   Layer0ModeChoice layer0;  // resolved from options or the tuning table
   bool fused_path() const { return path.fused; }
-  // Copies in the GEMM blocks cannot be paced, and need a token row to fit their ring.
-  bool gemm_block_copies_possible(const LinkEmulation& link) const {
-    return !link.on() && cuda::bulk_dispatch_fits(config.model.hidden);
+  // Why the copies in the GEMM blocks cannot run (empty: they can): they cannot be paced, and
+  // a token row must fit their ring.
+  std::string gemm_block_copies_refusal(const LinkEmulation& link) const {
+    if (link.on()) return "link emulation is on";
+    if (!cuda::bulk_dispatch_fits(config.model.hidden)) return "a token row does not fit their ring";
+    return "";
   }
   // The path, the layer0 mode and n_comm from options, the tuning table (nearest entry at T_max)
   // or the defaults and the cost model.
@@ -173,9 +176,10 @@ struct MoeLayer::Impl {
     if (tuned_path) path = choose_path(&tuning, key);
     if (!mode_given) {
       layer0 = choose_layer0_mode(&tuning, key);
-      if (layer0.mode.copies == Layer0Copies::kGemmBlocks && !gemm_block_copies_possible(options.link)) {
-        layer0.mode.copies = Layer0Copies::kCommBlocks;  // copies in the GEMM blocks cannot be paced
-        layer0.source += " (communication blocks: link emulation is on)";
+      const std::string refusal = gemm_block_copies_refusal(options.link);
+      if (layer0.mode.copies == Layer0Copies::kGemmBlocks && !refusal.empty()) {
+        layer0.mode.copies = Layer0Copies::kCommBlocks;
+        layer0.source += " (communication blocks: " + refusal + ")";
       }
       if (options.layer0_copies) layer0.mode.copies = *options.layer0_copies;
       if (options.dispatch_order) layer0.mode.order = *options.dispatch_order;
