@@ -7,7 +7,9 @@
 //             at once: every lane loads kCopyUnroll 16-byte chunks of each owner's row before
 //             storing any of them, then stores them to every A row the token feeds; with
 //             tile_arrivals set, each lane owning one of those rows release-adds 1 to the row's
-//             M tile counter
+//             M tile counter. With f.dispatch_by_row (DispatchOrder::kRows) the items are the A
+//             rows in order instead (expert-major, GEMM0's order), each read from its owner
+//             through plan.row_source and written once
 //   combine   one warp per item (column group, received token), column-group-major: the
 //             token's rows are summed in fp32 in slot order (acc = fma(w, x, acc)), kCombineUnroll
 //             chunks per lane of up to kCombineRows rows loaded before their fmas, rounded to
@@ -101,8 +103,8 @@ __device__ __forceinline__ int dispatch_items(const FusedCommArgs& f, const int3
   return f.dispatch_by_row ? f.plan.counts[0] * kGemmBlockM : psum[f.world];
 }
 
-// Dispatch: warp `warp` of `num_warps` moves slots warp, warp + num_warps, ..., kDispatchTokens
-// of them at once (their loads in flight together, then each token's stores and signal). The
+// Dispatch: warp `warp` of `num_warps` moves items warp, warp + num_warps, ..., kDispatchTokens
+// of them at once (their loads in flight together, then each item's stores and signal). The
 // next batch's plan entries are loaded before this batch's rows, so a batch costs one load
 // latency for its rows, not a second one for where they come from and go.
 __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {

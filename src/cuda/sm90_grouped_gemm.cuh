@@ -13,6 +13,9 @@
 //                         multicasts it to all, so a stage is full when every block's share
 //                         arrived and free when every block's consumers released it (the
 //                         pipeline counts both; tiles that do not share B load it whole)
+//   warpgroup 0, warp 1   idle, or a helper the caller passes to run_block (with
+//                         kHelperSmemBytes of shared memory set aside from the stages; the
+//                         fused layer0's bulk copies, cuda/dispatch_bulk.cuh); warps 2-3 leave
 //   warpgroups 1 and 2    consumers, cooperative: both run wgmma on every tile (64 rows each of
 //                         the 128-row tile) through CUTLASS's sm90 TMA/GMMA mainloop collective,
 //                         then the epilogue: registers -> padded shared memory -> coalesced
