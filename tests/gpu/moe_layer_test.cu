@@ -382,6 +382,40 @@ TEST(MoeLayer, Layer0ModeFollowsTheTableEntryUnlessOptionsFixIt) {
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(paced); }, {"GEMM blocks", "emulated link"}));
 }
 
+// A token row too large for the GEMM blocks' copy ring (hidden 24576: 48 KB of bf16): options
+// asking for those copies are refused with the reason, and a table entry asking for them falls
+// back to communication blocks, saying why; the layer still runs and matches the oracle.
+TEST(MoeLayer, GemmBlockCopiesOfRowsLargerThanTheRingAreRefused) {
+  COMET_REQUIRE_GPU();
+  LayerConfig c;
+  c.model = {"wide", 24576, 64, 4, 2, Activation::kSwiGlu};
+  c.layout = {2, 2, 1};
+  c.max_tokens_per_rank = 8;
+  c.tiles = {128, 128, 256};
+  const MoeProblem p = make_problem(c, {8, 5}, {}, 3);
+  auto fabric = fabric::make_loopback_fabric(2);
+  MoeLayer layer(c, *fabric);
+  layer.set_weights(p.weights);
+  LayerOptions o;
+  o.path = ForwardPath::kFused;
+  o.layer0_copies = Layer0Copies::kGemmBlocks;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(o); }, {"hidden 24576", "copy ring"}));
+  const cuda::DeviceInfo info = cuda::query_device_info();
+  TuningEntry e{tuning_key(c, info.name, info.num_sms, c.max_tokens_per_rank), 16, 2, 100.0, 200.0};
+  e.layer0 = {Layer0Copies::kGemmBlocks, DispatchOrder::kRows};
+  TuningTable table;
+  table.add(e);
+  layer.set_tuning_table(table);
+  o.layer0_copies.reset();
+  layer.set_options(o);
+  EXPECT_EQ(layer.layer0_mode().mode, (Layer0Mode{Layer0Copies::kCommBlocks, DispatchOrder::kRows}));
+  EXPECT_NE(layer.layer0_mode().source.find("does not fit their ring"), std::string::npos) << layer.layer0_mode().source;
+  cuda::DeviceProblem d(c, p);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+}
+
 TEST(MoeLayer, RefusesConfigurationsItCannotRun) {
   LayerConfig c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
   c.model.activation = Activation::kGelu;
