@@ -57,6 +57,23 @@ std::optional<TuningTable::Match> TuningTable::nearest(const TuningKey& key) con
 namespace {
 constexpr int kMinCommBlocks0 = 32;
 constexpr int kCommBlocks1 = 2;
+
+// The lookup every choice below makes: the nearest entry, if within kMaxTuningDistance.
+std::optional<TuningTable::Match> near_entry(const TuningTable* table, const TuningKey& key) {
+  if (!table) return std::nullopt;
+  const auto m = table->nearest(key);
+  if (!m || m->distance > kMaxTuningDistance) return std::nullopt;
+  return m;
+}
+// How a choice names its entry, and the absence of one.
+std::string entry_words(const TuningTable::Match& m) {
+  std::ostringstream os;
+  os << "entry for " << m.entry->key.tokens_per_rank << " tokens/rank (distance " << m.distance << ")";
+  return os.str();
+}
+std::string no_entry_words(const TuningKey& key) {
+  return "no tuning entry within a factor of 2 in tokens for " + key.describe();
+}
 }  // namespace
 
 int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, double link_gbps, double per_block_gbps) {
@@ -80,16 +97,11 @@ int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, doubl
 NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const LayerConfig& config,
                           const LayerCost& cost, const GpuSpec& gpu) {
   NCommChoice choice;
-  if (table) {
-    if (const auto m = table->nearest(key); m && m->distance <= kMaxTuningDistance) {
-      choice.n_comm0 = m->entry->n_comm0;
-      choice.n_comm1 = m->entry->n_comm1;
-      std::ostringstream os;
-      os << "tuning table: entry for " << m->entry->key.tokens_per_rank << " tokens/rank (distance "
-         << m->distance << ")";
-      choice.source = os.str();
-      return choice;
-    }
+  if (const auto m = near_entry(table, key)) {
+    choice.n_comm0 = m->entry->n_comm0;
+    choice.n_comm1 = m->entry->n_comm1;
+    choice.source = "tuning table: " + entry_words(*m);
+    return choice;
   }
   // Layer0 carries the gate and up projections (2/3 of a gated FFN's FLOP, 1/2 otherwise) and
   // the dispatch half of the link bytes. The steady-state balance misses that the GEMM's first
@@ -104,31 +116,25 @@ NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const 
                             analytic_n_comm(cost.flops_max_rank * flop0_share, cost.link_bytes_max_rank / 2, sms,
                                             gpu.bf16_tflops, gpu.link_gbps, gpu.copy_gbps_per_block));
   choice.n_comm1 = std::min(kCommBlocks1, sms / 2);
-  std::ostringstream os;
-  os << "cost model: no tuning entry within a factor of 2 in tokens for " << key.describe();
-  choice.source = os.str();
+  choice.source = "cost model: " + no_entry_words(key);
   return choice;
 }
 
 PathChoice choose_path(const TuningTable* table, const TuningKey& key) {
   PathChoice choice;
-  std::ostringstream os;
-  if (table) {
-    if (const auto m = table->nearest(key); m && m->distance <= kMaxTuningDistance) {
-      const TuningEntry& e = *m->entry;
-      choice.fused = e.fused_faster();
-      os << (choice.fused ? "fused" : "unfused") << ": tuning table entry for " << e.key.tokens_per_rank
-         << " tokens/rank (distance " << m->distance << "), ";
-      if (e.unfused_us > 0 && e.latency_us > 0)
-        os << "fused " << e.latency_us << " us, unfused " << e.unfused_us << " us";
-      else
-        os << "the unfused forward was not measured";
-      choice.source = os.str();
-      return choice;
-    }
+  if (const auto m = near_entry(table, key)) {
+    const TuningEntry& e = *m->entry;
+    choice.fused = e.fused_faster();
+    std::ostringstream os;
+    os << (choice.fused ? "fused" : "unfused") << ": tuning table " << entry_words(*m) << ", ";
+    if (e.unfused_us > 0 && e.latency_us > 0)
+      os << "fused " << e.latency_us << " us, unfused " << e.unfused_us << " us";
+    else
+      os << "the unfused forward was not measured";
+    choice.source = os.str();
+    return choice;
   }
-  os << "unfused: no tuning entry within a factor of 2 in tokens for " << key.describe();
-  choice.source = os.str();
+  choice.source = "unfused: " + no_entry_words(key);
   return choice;
 }
 
@@ -152,18 +158,12 @@ std::string describe(const Layer0Mode& mode) {
 
 Layer0ModeChoice choose_layer0_mode(const TuningTable* table, const TuningKey& key) {
   Layer0ModeChoice choice;
-  std::ostringstream os;
-  if (table) {
-    if (const auto m = table->nearest(key); m && m->distance <= kMaxTuningDistance) {
-      choice.mode = m->entry->layer0;
-      os << describe(choice.mode) << ": tuning table entry for " << m->entry->key.tokens_per_rank
-         << " tokens/rank (distance " << m->distance << ")";
-      choice.source = os.str();
-      return choice;
-    }
+  if (const auto m = near_entry(table, key)) {
+    choice.mode = m->entry->layer0;
+    choice.source = describe(choice.mode) + ": tuning table " + entry_words(*m);
+    return choice;
   }
-  os << describe(choice.mode) << ": no tuning entry within a factor of 2 in tokens for " << key.describe();
-  choice.source = os.str();
+  choice.source = describe(choice.mode) + ": " + no_entry_words(key);
   return choice;
 }
 
