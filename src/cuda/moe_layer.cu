@@ -154,12 +154,18 @@ struct MoeLayer::Impl {
   Layer0ModeChoice layer0;  // resolved from options or the tuning table
   bool fused_path() const { return path.fused; }
   // Why the copies in the GEMM blocks cannot run (empty: they can): they cannot be paced, and
-  // a token row must fit their ring.
+  // a token row must fit their ring. An option asking for them is refused with it; a table
+  // entry asking for them falls back to communication blocks and says it.
   std::string gemm_block_copies_refusal(const LinkEmulation& link) const {
-    if (link.on()) return "link emulation is on";
-    if (!cuda::bulk_dispatch_fits(config.model.hidden)) return "a token row does not fit their ring";
+    if (link.on()) return "they cannot be paced to an emulated link (link emulation is on)";
+    if (!cuda::bulk_dispatch_fits(config.model.hidden))
+      return "a token row of hidden " + std::to_string(config.model.hidden) + " does not fit their ring, the " +
+             std::to_string(cuda::kDispatchRingBytes / 1024) + " KB copy ring";
     return "";
   }
+  // What the tuning key needs of the GPU (name, SMs), looked up once when the layer is made:
+  // options and tables change, the device does not.
+  cuda::DeviceInfo device_info;
   // The path, the layer0 mode and n_comm from options, the tuning table (nearest entry at T_max)
   // or the defaults and the cost model.
   void resolve_choices() {
@@ -170,7 +176,7 @@ struct MoeLayer::Impl {
     if (n_comm_given) n_comm = {options.n_comm0, options.n_comm1, "options"};
     if (mode_given) layer0 = {{*options.layer0_copies, *options.dispatch_order}, "options"};
     if (!tuned_path && n_comm_given && mode_given) return;  // nothing to look up
-    const cuda::DeviceInfo info = cuda::query_device_info();
+    const cuda::DeviceInfo& info = device_info;
     const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
     if (tuned_path) path = choose_path(&tuning, key);
@@ -675,6 +681,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     }
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  m.device_info = cuda::query_device_info();
   m.resolve_choices();
   COMET_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, m.ranks[0].device));
 }
@@ -697,12 +704,9 @@ void MoeLayer::set_options(const LayerOptions& o) {
   const Status link = o.link.validate();
   COMET_CHECK(link.ok, "MoeLayer: " << link.reason);
   if (o.layer0_copies == Layer0Copies::kGemmBlocks) {
-    COMET_CHECK(!o.link.on(), "MoeLayer: layer0 copies in the GEMM blocks cannot be paced to an emulated link; use "
-                              "Layer0Copies::kCommBlocks");
-    const int hidden = impl_->config.model.hidden;
-    COMET_CHECK(cuda::bulk_dispatch_fits(hidden), "MoeLayer: a token row of hidden " << hidden
-                                                      << " does not fit the GEMM blocks' copy ring; use "
-                                                         "Layer0Copies::kCommBlocks");
+    const std::string refusal = impl_->gemm_block_copies_refusal(o.link);
+    COMET_CHECK(refusal.empty(), "MoeLayer: layer0 copies in the GEMM blocks: " << refusal
+                                                                              << "; use Layer0Copies::kCommBlocks");
   }
   impl_->options = o;
   impl_->resolve_choices();
