@@ -34,7 +34,7 @@
 //   row_source     [max_rows]     where A row i comes from: (ring position << 24) | token index
 //                                 on that source, -1 for the padding rows of an expert's last
 //                                 M tile (rows past the last M tile are not written); the
-//                                 dispatch in A-row order reads it (Layer0Order::kRows)
+//                                 dispatch in A-row order reads it (DispatchOrder::kRows)
 #pragma once
 
 #include <cstdint>

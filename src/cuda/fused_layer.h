@@ -56,7 +56,7 @@ struct FusedCommArgs {
   // asynchronous copies (LayerOptions::layer0_copies, cuda/dispatch_bulk.cuh); n_comm unused.
   int gemm_block_copies = 0;
   // layer0 (fused or not): dispatch in A-row order (expert-major, plan.row_source) instead of by
-  // received token in ring order (LayerOptions::layer0_order); the A rows are the same.
+  // received token in ring order (LayerOptions::dispatch_order); the A rows are the same.
   int dispatch_by_row = 0;
   int stall = 0;                      // fault injection (tests): the comm blocks do nothing
   uint64_t timeout_ns = 5'000'000'000ull;
