@@ -227,7 +227,7 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
               std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m) + "-s" +
               std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms) +
               "-c" + layer0_copies_name(row.layer0.copies) +
-              "-o" + dispatch_order_name(row.layer0.order);
+              "-o" + dispatch_order_name(row.layer0.order) + "-e" + (row.epilogue_combine ? "on" : "off");
     if (per_process) stem += "-rank" + std::to_string(row.rank);
     row.trace_path = stem + ".json";
   }
@@ -263,7 +263,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
       for (int tokens : o.tokens)
         for (const RoutingSpec& routing : o.routings) workloads.push_back({ep, tp, name, tokens, routing});
   const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size() * o.layer0_stages.size() *
-                         o.unfused_gemms.size() * o.layer0_copies.size() * o.dispatch_orders.size());
+                         o.unfused_gemms.size() * o.layer0_copies.size() * o.dispatch_orders.size() *
+                         o.epilogue_combine.size());
   const int total = int(workloads.size()) * combos;
   int done = 0;
   for (const Workload& w : workloads) {
@@ -310,7 +311,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
         for (int stages : o.layer0_stages)
         for (UnfusedGemms unfused_gemms : o.unfused_gemms)
         for (std::optional<Layer0Copies> copies0 : o.layer0_copies)
-        for (std::optional<DispatchOrder> order0 : o.dispatch_orders) {
+        for (std::optional<DispatchOrder> order0 : o.dispatch_orders)
+        for (bool epilogue_combine : o.epilogue_combine) {
           if (copies0 == Layer0Copies::kGemmBlocks && n0 != o.n_comm0.front()) {  // n_comm0 unused
             ++done;
             continue;
@@ -323,8 +325,10 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           fused.link = o.link;
           fused.path = ForwardPath::kFused;
           fused.unfused_gemms = unfused_gemms;  // compute-only runs the unfused GEMMs under either
+          fused.epilogue_combine = epilogue_combine;
           LayerOptions unfused_row = unfused;
           unfused_row.unfused_gemms = unfused_gemms;
+          unfused_row.epilogue_combine = epilogue_combine;
           fused.n_comm0 = n0;
           fused.n_comm1 = n1;
           fused.layer0_group_m = group;
@@ -347,11 +351,13 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.layer0_stages = stages;
           row.unfused_gemms = unfused_gemms;
           row.layer0 = layer.layer0_mode().mode;
+          row.epilogue_combine = epilogue_combine;
           row.n_comm_source = layer.n_comm().source;
           row.tuned_fused = tuned_path.fused;
           row.path_source = tuned_path.source;
           row.fused_equals_unfused = checked_forward(layer, c, *in, tokens, stream) == want;
-          if (unfused_gemms != unfused.unfused_gemms) {  // this row's unfused GEMMs give the same output too
+          if (unfused_gemms != unfused.unfused_gemms || epilogue_combine != unfused.epilogue_combine) {
+            // this row's unfused forward gives the same output too
             layer.set_options(unfused_row);
             row.fused_equals_unfused = row.fused_equals_unfused && checked_forward(layer, c, *in, tokens, stream) == want;
           }

@@ -49,6 +49,8 @@ struct LayerBenchOptions {
   // With copies in the GEMM blocks n_comm0 is unused, so only the first n_comm0 gets a row.
   std::vector<std::optional<Layer0Copies>> layer0_copies{std::nullopt};
   std::vector<std::optional<DispatchOrder>> dispatch_orders{std::nullopt};
+  // LayerOptions::epilogue_combine of the fused and unfused forwards, swept: one row each.
+  std::vector<bool> epilogue_combine{true};
   std::vector<int> chunks{2, 4};               // chunk counts tried for the chunked baseline
   // loopback: W virtual ranks on one GPU; local: one GPU per rank in this process; nccl: this
   // process's rank of a `comet launch` run (fabric::make_fabric). With several processes each
@@ -77,6 +79,7 @@ struct LayerBenchRow {
   int layer0_stages = 0;                              // 0: MoeLayer's default
   UnfusedGemms unfused_gemms = UnfusedGemms::kFusedSchedule;  // of the unfused and compute-only times
   Layer0Mode layer0;  // how the fused forward's layer0 moved rows (as MoeLayer resolved it)
+  bool epilogue_combine = true;  // LayerOptions::epilogue_combine of both forwards
   std::string n_comm_source;
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;

@@ -76,6 +76,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->delimiter(',')
       ->check(CLI::IsMember({"fused", "auto"}));
   add_layer0_mode_options(*l, lo.layer0_copies, lo.dispatch_orders);
+  l->add_option("--epilogue-combine", lo.epilogue_combine,
+                "whether GEMM1's epilogue stores tokens with a single row on a rank into their owner's slot "
+                "(fused and unfused forwards; docs/gpu_layer.md), comma separated list swept: on, off")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off"}));
   add_fabric_option(*l, lo.fabric);
   l->add_flag("--json", lo.json, "JSON instead of the table");
   l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg");
@@ -186,6 +191,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
     lo.unfused_gemms.push_back(g == "auto" ? UnfusedGemms::kAuto : UnfusedGemms::kFusedSchedule);
   lo.layer0_copies = layer0_copies_list(o.layer0_copies);
   lo.dispatch_orders = dispatch_orders_list(o.dispatch_orders);
+  lo.epilogue_combine.clear();
+  for (const std::string& e : o.epilogue_combine) lo.epilogue_combine.push_back(e == "on");
   lo.chunks = o.chunks;
   lo.fabric = o.fabric;
   lo.link = link;

@@ -89,6 +89,13 @@ struct LayerOptions {
   // weights fewer times (L2). 0 chooses (docs/gpu_layer.md). The unfused pipeline runs GEMM0
   // after the whole dispatch, in one stage (expert-major).
   int layer0_stages = 0;
+  // GEMM1's epilogue stores a received token whose only row on this rank is that row straight
+  // into the token's slot on its owner (weighted, with the combine's arithmetic), so the combine
+  // reads and writes only tokens with two or more rows here (docs/gpu_layer.md "Epilogue
+  // combine"). Fused and unfused alike; the output is bitwise the same either way. Not under
+  // link emulation (`link`: the epilogue's stores cannot be paced), where every token goes
+  // through the combine.
+  bool epilogue_combine = true;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
   // Record the fused kernels' timeline (needs path kFused): per block, every GEMM tile, the GEMM

@@ -1,5 +1,6 @@
 // cuda/bulk_copy.cuh: Hopper bulk asynchronous copies (cp.async.bulk, the TMA unit's
-// non-tensor mode) between global and shared memory, and the mbarrier that completes a load.
+// non-tensor mode) between global and shared memory, and the mbarrier that completes a load;
+// also the per-thread 16-byte asynchronous copy (cp.async, completed by a wait, not an mbarrier).
 //
 // Why: a bulk copy moves a whole row without passing it through registers, so a warp with the
 // GEMM producer's 40 registers can keep as many bytes in flight as its shared-memory ring holds
@@ -63,5 +64,13 @@ __device__ __forceinline__ void wait_bulk_writes() { asm volatile("cp.async.bulk
 // Every bulk store this thread committed has read its shared memory (which may then be reused);
 // their writes may still be in flight.
 __device__ __forceinline__ void wait_bulk_reads() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+// 16 bytes global -> shared per thread (cp.async.cg: through L2, not L1); the bytes are this
+// thread's after copy_async_wait_all(), the block's after a barrier that follows it.
+__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 }  // namespace comet::cuda

@@ -10,7 +10,7 @@
 //             M tile counter. With f.dispatch_by_row (DispatchOrder::kRows) the items are the A
 //             rows in order instead (expert-major, GEMM0's order), each read from its owner
 //             through plan.row_source and written once
-//   combine   one warp per item (column group, received token), column-group-major: the
+//   combine   one warp per item (column group, listed received token), column-group-major: the
 //             token's rows are summed in fp32 in slot order (acc = fma(w, x, acc)), kCombineUnroll
 //             chunks per lane of up to kCombineRows rows loaded before their fmas, rounded to
 //             bf16 once and stored into the owner's combine_recv slot; with col_done set, a warp
@@ -37,6 +37,7 @@
 
 #include <cuda_bf16.h>
 
+#include "cuda/bf16_rows.cuh"
 #include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/link_pace.cuh"
@@ -173,26 +174,8 @@ __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum
   trace.flush();
 }
 
-// acc += w * x for the 8 bf16 values of one chunk (explicit fma: one rounding, one order).
-__device__ __forceinline__ void fma_chunk(float* acc, float w, const uint4& x) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const float2 v = __bfloat1622float2(h[q]);
-    acc[2 * q] = __fmaf_rn(w, v.x, acc[2 * q]);
-    acc[2 * q + 1] = __fmaf_rn(w, v.y, acc[2 * q + 1]);
-  }
-}
-
-__device__ __forceinline__ uint4 to_bf16_chunk(const float* acc) {
-  uint4 out;
-  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-  return out;
-}
-
-// Combine items: (column group g, received slot), column-group-major, item = g * total + slot.
+// Combine items: (column group g, entry i of the plan's combine list), column-group-major,
+// item = g * listed + i.
 // A column group is kCombineGroupBlocks layer1 column blocks: GEMM1's raster stores a group's
 // blocks together (TileOrder::kColumnBlockMajor), so waiting for the whole group costs little
 // and one item carries enough columns to keep kCopyUnroll chunks per lane in flight.
@@ -253,23 +236,28 @@ __host__ __device__ inline int combine_groups(int num_col_blocks) {
   return (num_col_blocks + kCombineGroupBlocks - 1) / kCombineGroupBlocks;
 }
 
-// One combine item as a warp holds it: its index and, per lane j < rows_per_token, the token's
-// j-th local row and weight (row -1 and weight 0 past its rows; the plan writes both).
+// One combine item as a warp holds it: its index, its received slot and, per lane j <
+// rows_per_token, the token's j-th local row and weight (row -1 and weight 0 past its rows; the
+// plan writes both).
 struct CombineItem {
   int index;
+  int slot;
   int my_row;
   float my_weight;
 };
 
-// Issues the item's metadata loads (row and weight in parallel, neither waits for the other);
-// nothing is loaded for an index past the last item.
-__device__ __forceinline__ CombineItem load_combine_item(const FusedCommArgs& f, int i, int items, int total,
+// Issues the item's metadata loads: the slot from the plan's combine list, then the slot's row
+// and weight (those two in parallel); nothing is loaded for an index past the last item.
+__device__ __forceinline__ CombineItem load_combine_item(const FusedCommArgs& f, int i, int items, int listed,
                                                          int lane) {
-  CombineItem item{i, -1, 0.f};
-  if (i < items && lane < f.rows_per_token) {
-    const int64_t at = int64_t(i % total) * f.rows_per_token + lane;
-    item.my_row = f.plan.recv_rows[at];
-    item.my_weight = f.plan.recv_weight[at];
+  CombineItem item{i, 0, -1, 0.f};
+  if (i < items) {
+    item.slot = f.plan.combine_slots[i % listed];
+    if (lane < f.rows_per_token) {
+      const int64_t at = int64_t(item.slot) * f.rows_per_token + lane;
+      item.my_row = f.plan.recv_rows[at];
+      item.my_weight = f.plan.recv_weight[at];
+    }
   }
   return item;
 }
@@ -281,9 +269,11 @@ __device__ __forceinline__ CombineItem load_combine_item(const FusedCommArgs& f,
 // one, so an item costs one load latency (its data), not two (its metadata, then its data):
 // a qwen3 token has about 1.5 rows on a rank, too few bytes to hide a second round trip.
 __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum, int warp, int num_warps) {
-  const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, total = psum[f.world];
+  // The slots the plan listed: with LayerOptions::epilogue_combine, a token with a single row
+  // here was stored into its owner's slot by GEMM1's epilogue and is not listed.
+  const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, listed = f.plan.counts[3];
   const int group_chunks = kCombineGroupBlocks * f.col_width / 8;
-  const int items = combine_groups(f.num_col_blocks) * total;  // < 2^31: W * T_max * groups
+  const int items = combine_groups(f.num_col_blocks) * listed;  // < 2^31: W * T_max * groups
   const uint4* out_rows = static_cast<const uint4*>(f.out_rows);
   int ready_group = -1;  // the column group this warp last waited for
   int next = warp, claim_end = 0;
@@ -305,12 +295,12 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
   ChunkRecorder trace(f.trace, 1, f.rank);
   if (warp == 0 && lane == 0) link_zero(f.link_reset);  // link emulation: the dispatch's pacer
   uint64_t last_sent = 0;
-  CombineItem item = load_combine_item(f, claim(), items, total, lane);
+  CombineItem item = load_combine_item(f, claim(), items, listed, lane);
   while (item.index < items) {
     // Step 1: the next item's metadata, in flight while this one moves (the plan wrote it
     // before this kernel, so it needs no wait).
-    const CombineItem upcoming = load_combine_item(f, claim(), items, total, lane);
-    const int i = item.index, g = i / total, slot = i % total;
+    const CombineItem upcoming = load_combine_item(f, claim(), items, listed, lane);
+    const int i = item.index, g = i / listed, slot = item.slot;
     // Step 2: wait (once per group) until GEMM1 stored every tile of the group's column blocks.
     if (f.col_done != nullptr && g != ready_group) {
       trace.flush();  // a chunk record never spans a wait

@@ -48,7 +48,7 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 using BlockScan = cub::BlockScan<int, kThreads>;
 
 struct PlanShape {
-  int world, tp, ep, experts_per_rank, num_experts, topk, t_max, rows_per_token;
+  int world, tp, ep, experts_per_rank, num_experts, topk, t_max, rows_per_token, hidden;
   int chunks;  // token chunks per source: ceil(t_max / kChunkTokens)
   int64_t max_rows, max_m_tiles;
   int n_blocks0, n_blocks1;
@@ -85,7 +85,9 @@ struct PlanBatch {
 // the scratch the layout kernel turns into bases: chunk_row_base[pos][ch][e] (rows per local
 // expert), chunk_slot_base[pos][ch] (tokens with a local row), chunk_send_base[ch][g] (own tokens
 // with an expert in EP group g; ring position 0 only), chunk_flags[pos][ch] (1: an expert
-// repeated within a token). Every block writes its counts, also with no tokens in its chunk.
+// repeated within a token), chunk_list_base[pos][ch] (tokens the combine moves: with
+// combine_peers those with two or more local rows, else every token with one). Every block
+// writes its counts, also with no tokens in its chunk.
 __global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
@@ -103,6 +105,7 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanSha
   int e[kMaxTopk];
   for (int k = 0; k < K; ++k) e[k] = t < T ? ids[k] : -1;  // one read of the token's slots
   bool mine = false, repeated = false;
+  int local_rows = 0;
   for (int k = 0; k < K; ++k) {
     if (e[k] < -1 || e[k] >= s.num_experts) {
       record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(e[k])));
@@ -116,6 +119,7 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanSha
       }
     const bool local = e[k] >= 0 && e[k] / E == my_ep;
     mine |= local;
+    local_rows += local;
     warp_count(rows, local ? e[k] % E : -1);
     if (pos == 0) {  // the token goes to group e / E once, at its first slot there
       bool first = e[k] >= 0;
@@ -124,12 +128,14 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanSha
     }
   }
   const int received = __syncthreads_count(mine);
+  const int listed = __syncthreads_count(local_rows >= (a.combine_peers != nullptr ? 2 : 1));
   const int any_repeated = __syncthreads_or(repeated);
   for (int i = tid; i < E; i += kChunkTokens) plan.chunk_row_base[(int64_t(pos) * C + ch) * E + i] = rows[i];
   if (pos == 0)
     for (int g = tid; g < s.ep; g += kChunkTokens) plan.chunk_send_base[ch * W + g] = group_tokens[g];
   if (tid == 0) {
     plan.chunk_slot_base[pos * C + ch] = received;
+    plan.chunk_list_base[pos * C + ch] = listed;
     plan.chunk_flags[pos * C + ch] = any_repeated;
   }
 }
@@ -185,6 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   extern __shared__ int smem_raw[];
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ int total_rows, total_tiles, bad_rows;
+  __shared__ int list_base[kMaxWorld + 1];  // combine_slots entries before each ring position
   LayoutSmem sm(smem_raw, s);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int W = s.world, E = s.experts_per_rank, C = s.chunks;
@@ -199,6 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   bool repeated = false;
   for (int pos = tid; pos < W; pos += kThreads) {
     sm.recv_cnt[pos] = chunk_prefix(plan.chunk_slot_base + pos * C, 1, C);
+    list_base[pos + 1] = chunk_prefix(plan.chunk_list_base + pos * C, 1, C);
     for (int ch = 0; ch < C; ++ch) repeated |= plan.chunk_flags[pos * C + ch] != 0;
   }
   for (int g = tid; g < s.ep; g += kThreads) chunk_prefix(plan.chunk_send_base + g, W, C);
@@ -238,6 +246,9 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     plan.counts[0] = num_m;
     plan.counts[1] = total_rows;
     plan.counts[2] = 1;
+    list_base[0] = 0;
+    for (int pos = 0; pos < W; ++pos) list_base[pos + 1] += list_base[pos];
+    plan.counts[3] = list_base[W];
     plan.recv_psum[0] = 0;
     for (int pos = 0; pos < W; ++pos) {
       plan.recv_count[pos] = sm.recv_cnt[pos];
@@ -251,6 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     if (bad_rows) {
       plan.counts[0] = 0;
       plan.counts[2] = 0;  // the placing kernel writes nothing
+      plan.counts[3] = 0;
       plan.num_tiles[0] = plan.num_tiles[1] = 0;
       for (int pos = 0; pos <= W; ++pos) plan.recv_psum[pos] = 0;  // nothing to dispatch or combine
     } else {
@@ -271,7 +283,10 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     const int pos = int(i / (int64_t(C) * E)), e = int(i % E);
     plan.chunk_row_base[i] += sm.base[pos * E + e];
   }
-  for (int i = tid; i < W * C; i += kThreads) plan.chunk_slot_base[i] += plan.recv_psum[i / C];
+  for (int i = tid; i < W * C; i += kThreads) {
+    plan.chunk_slot_base[i] += plan.recv_psum[i / C];
+    plan.chunk_list_base[i] += list_base[i / C];
+  }
 
   // M tiles (expert-major) and the layer0 order (Layer0Schedule, include/comet/plan.h): a
   // stable counting sort of the tiles by the stage of their last ring position, odd stages
@@ -295,7 +310,10 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       }
     plan.m_tile_row[m] = first_row;
     plan.m_tile_rows[m] = rows;
-    for (int row = first_row + rows; row < first_row + kGemmBlockM; ++row) plan.row_source[row] = -1;  // padding
+    for (int row = first_row + rows; row < first_row + kGemmBlockM; ++row) {  // padding
+      plan.row_source[row] = -1;
+      plan.row_combine[row] = RowCombine{nullptr, 0.f, 0};
+    }
     plan.m_tile_last[m] = last;
     atomicAdd(&sm.key_next[stage_of(last)], 1);
   }
@@ -394,9 +412,12 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
     if (lk[k] >= 0) pending |= 1u << k;
     if (valid) groups |= uint64_t(1) << (e / E);
   }
-  const int mine = pending != 0;
-  int p, total;
+  const int mine = pending != 0, local_rows = __popc(pending);
+  const bool singles = a.combine_peers != nullptr;  // single-row tokens go to GEMM1's epilogue
+  int p, total, listed_before, listed_total;
   ChunkScan(scan_storage).ExclusiveSum(mine, p, total);
+  __syncthreads();  // scan storage reused
+  ChunkScan(scan_storage).ExclusiveSum(int(local_rows >= (singles ? 2 : 1)), listed_before, listed_total);
   if (pos == 0)
     for (int g = 0; g < s.ep; ++g) {  // send positions: the token's rank among the own tokens for group g
       const int flag = int(groups >> g & 1u);
@@ -442,13 +463,25 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
   if (mine) {
     const int slot = plan.chunk_slot_base[pos * s.chunks + ch] + p;
     plan.recv_token[slot] = t;
+    const bool single = singles && local_rows == 1;
+    if (!single) plan.combine_slots[plan.chunk_list_base[pos * s.chunks + ch] + listed_before] = slot;
+    // A single row's partial is the row itself, weighted: its owner's combine_recv row (the
+    // combine's destination, comm_rows.cuh) takes it from GEMM1's epilogue.
+    char* dst = nullptr;
+    if (single) {
+      const int owner = (r + pos) % W, position = slot - plan.recv_psum[pos];
+      dst = static_cast<char*>(a.combine_peers[owner]) + a.combine_offset +
+            (int64_t(r) * s.t_max + position) * s.hidden * 2;
+    }
     int j = 0;
     for (int k = 0; k < K && j < R; ++k) {
       if (lk[k] < 0) continue;
       const int row = warp_cnt[warp * E + lk[k]] + wrank[k];
+      const float w = weights[size_t(t) * K + k];
       plan.recv_rows[size_t(slot) * R + j] = row;
       plan.row_source[row] = (pos << kRowSourceTokenBits) | t;
-      plan.recv_weight[size_t(slot) * R + j] = weights[size_t(t) * K + k];
+      plan.recv_weight[size_t(slot) * R + j] = w;
+      plan.row_combine[row] = RowCombine{dst, single ? w : 0.f, 0};
       ++j;
     }
     for (; j < R; ++j) {
@@ -469,6 +502,7 @@ PlanShape plan_shape(const LayerConfig& c) {
   s.topk = c.model.topk;
   s.t_max = c.max_tokens_per_rank;
   s.rows_per_token = layout.rows_per_token;
+  s.hidden = c.model.hidden;
   s.max_rows = layout.max_rows;
   s.max_m_tiles = layout.max_m_tiles;
   s.n_blocks0 = int(layout.n_blocks0);
@@ -498,10 +532,11 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
   n_blocks1 = gemm_num_n_blocks(GemmEpilogue::kIdentity, c.model.hidden, GemmKernel::kCooperative128x256);
   const int64_t K = rows_per_token;
   const int64_t sizes[] = {E * 4, (E + 1) * 4, W * 4, (W + 1) * 4, W * Tm * 4, W * Tm * K * 4, W * Tm * K * 4,
-                           Tm * W * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, 3 * 4,
+                           Tm * W * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, 4 * 4,
                            max_m_tiles * n_blocks0 * int64_t(sizeof(GemmTile)),
                            max_m_tiles * n_blocks1 * int64_t(sizeof(GemmTile)), 2 * 4, W * chunks * E * 4,
-                           W * chunks * 4, chunks * W * 4, W * chunks * 4, max_rows * 4};
+                           W * chunks * 4, chunks * W * 4, W * chunks * 4, max_rows * 4,
+                           max_rows * int64_t(sizeof(RowCombine)), W * Tm * 4, W * chunks * 4};
   for (int64_t bytes : sizes) {
     offsets_.push_back(total_bytes_);
     total_bytes_ += (bytes + 255) / 256 * 256;
@@ -516,7 +551,8 @@ DevicePlanView DevicePlanLayout::view(void* base) const {
           reinterpret_cast<int32_t*>(at(9)),  reinterpret_cast<int32_t*>(at(10)), reinterpret_cast<int32_t*>(at(11)),
           reinterpret_cast<int32_t*>(at(12)), reinterpret_cast<GemmTile*>(at(13)), reinterpret_cast<GemmTile*>(at(14)),
           reinterpret_cast<int32_t*>(at(15)), reinterpret_cast<int32_t*>(at(16)), reinterpret_cast<int32_t*>(at(17)),
-          reinterpret_cast<int32_t*>(at(18)), reinterpret_cast<int32_t*>(at(19)), reinterpret_cast<int32_t*>(at(20))};
+          reinterpret_cast<int32_t*>(at(18)), reinterpret_cast<int32_t*>(at(19)), reinterpret_cast<int32_t*>(at(20)),
+          reinterpret_cast<RowCombine*>(at(21)), reinterpret_cast<int32_t*>(at(22)), reinterpret_cast<int32_t*>(at(23))};
 }
 
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream) {

@@ -20,7 +20,8 @@
 //   m_tile_rows    [MT]           rows of M tile i (the layer0 signal's expected count)
 //   m_tile_last    [MT]           largest ring position among its rows
 //   layer0_order   [MT]           M tiles in run order (by last ring position, stable)
-//   counts         [3]            {number of M tiles, rows_on_rank, plan accepted (1) or refused (0)}
+//   counts         [4]            {number of M tiles, rows_on_rank, plan accepted (1) or refused (0),
+//                                 combine slots}
 //   tiles0         GemmTile [MT * NB0]   layer0 GEMM schedule (grouped raster over layer0_order)
 //   tiles1         GemmTile [MT * NB1]   layer1 GEMM schedule (column-block groups)
 //   num_tiles      [2]            {tiles0 length, tiles1 length}
@@ -35,6 +36,14 @@
 //                                 on that source, -1 for the padding rows of an expert's last
 //                                 M tile (rows past the last M tile are not written); the
 //                                 dispatch in A-row order reads it (DispatchOrder::kRows)
+//   row_combine    RowCombine [max_rows]  per A row: where GEMM1's epilogue stores it, weighted,
+//                                 when it is its token's only row on this rank (the owner's
+//                                 combine_recv row); null (through the combine) otherwise, for
+//                                 padding rows, and for every row without combine_peers
+//   combine_slots  [W * Tm]       received slots the combine moves, in slot order: those with
+//                                 two or more rows (every slot without combine_peers);
+//                                 counts[3] of them
+//   chunk_list_base [W * C]       first combine_slots entry of chunk c of ring position p (scratch)
 #pragma once
 
 #include <cstdint>
@@ -70,6 +79,9 @@ struct DevicePlanView {
   int32_t* chunk_send_base;
   int32_t* chunk_flags;
   int32_t* row_source;
+  RowCombine* row_combine;
+  int32_t* combine_slots;
+  int32_t* chunk_list_base;
 };
 
 // row_source's packing: a ring position (< kMaxWorld = 64) above a token index below 2^24.
@@ -117,6 +129,13 @@ struct DevicePlanArgs {
   uint64_t* col_base = nullptr;     // [NB1], persistent
   uint64_t* col_target = nullptr;   // [NB1]
   unsigned* combine_claims = nullptr;  // optional: zeroed for this call's fused layer1
+  // Optional: every rank's heap as this rank's device addresses it (the fabric's peer table,
+  // [W]) and the byte offset of region combine_recv in each. Set, the plan gives each token
+  // that has a single row on this rank to GEMM1's epilogue (row_combine) and lists only the
+  // others for the combine (LayerOptions::epilogue_combine); null, every token goes through
+  // the combine.
+  void* const* combine_peers = nullptr;
+  int64_t combine_offset = 0;
 };
 
 // Launches the plan kernels of one rank (asynchronous on `stream`): one block per (source, token

@@ -99,6 +99,10 @@ Status can_implement(const GroupedGemmArgs& a) {
     }
   if ((a.wait_flags == nullptr) != (a.wait_targets == nullptr))
     return Status::failure("grouped GEMM: wait_flags and wait_targets must be given together");
+  if (a.row_combine != nullptr && a.epilogue != GemmEpilogue::kIdentity)
+    return Status::failure("grouped GEMM: row_combine needs the identity epilogue (GEMM1)");
+  if (reinterpret_cast<uintptr_t>(a.row_combine) % 16 != 0)
+    return Status::failure("grouped GEMM: row_combine is not 16-byte aligned (its entries are copied 16 bytes at once)");
   const GemmKernel kernel = resolve_gemm_kernel(a);
   // Clusters would need one claim per pair; ping-pong could claim, but only the cooperative
   // configuration (the fused kernels') is tested with claims.

@@ -148,6 +148,17 @@ inline constexpr int kRasterGroupM = 16;
 // columns, one 16-byte chunk per lane per kCombineUnroll in a combine item.
 inline constexpr int kRasterGroupN = 4;
 
+// Where the identity epilogue puts one output row (GroupedGemmArgs::row_combine). GEMM1 of a
+// fused layer: a row that is its token's only row on this rank is the token's whole partial,
+// so the epilogue stores weight * row at `dst` (the owner's combine_recv row as this device
+// addresses it), with the combine's arithmetic (fp32 fma onto 0, one bf16 rounding); dst null:
+// the row goes to D and the combine reads it there. 16 bytes: one asynchronous copy per row.
+struct alignas(16) RowCombine {
+  void* dst;
+  float weight;
+  int32_t unused;
+};
+
 struct GroupedGemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::kIdentity;
   GemmKernel kernel = GemmKernel::kAuto;  // the schedule's n blocks must match its tile width
@@ -163,6 +174,8 @@ struct GroupedGemmArgs {
   const uint64_t* wait_flags = nullptr;
   const uint64_t* wait_targets = nullptr;
   uint64_t* done_flags = nullptr;
+  // Optional, identity epilogue: per A row, where it goes instead of D (RowCombine above).
+  const RowCombine* row_combine = nullptr;
   unsigned* tile_claims = nullptr;  // optional: claimed tiles (above); 0 at launch, 0 after
   uint64_t* tile_end_ns = nullptr;  // optional: %globaltimer when each tile was stored
   // Optional timeline (core/kernel_trace.h): slot t = tile t; waits: the producer's wait on

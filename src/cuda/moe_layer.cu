@@ -153,6 +153,9 @@ struct MoeLayer::Impl {
   PathChoice path;     // resolved from options or the tuning table
   Layer0ModeChoice layer0;  // resolved from options or the tuning table
   bool fused_path() const { return path.fused; }
+  // LayerOptions::epilogue_combine as it runs: the plan (combine list, row_combine) and GEMM1
+  // (its epilogue's stores) must agree, so both ask this.
+  bool epilogue_combine() const { return options.epilogue_combine && !options.link.on(); }
   // Why the copies in the GEMM blocks cannot run (empty: they can): they cannot be paced, and
   // a token row must fit their ring. An option asking for them is refused with it; a table
   // entry asking for them falls back to communication blocks and says it.
@@ -261,6 +264,7 @@ struct MoeLayer::Impl {
     g.tiles = layer == 0 ? k.plan.tiles0 : k.plan.tiles1;
     g.num_tiles = k.plan.num_tiles + layer;
     g.tile_claims = tile_claims(k, layer);
+    if (layer == 1 && epilogue_combine()) g.row_combine = k.plan.row_combine;
     g.error = k.error;
     g.timeout_ns = timeout_ns();
     g.rank = k.rank;
@@ -337,6 +341,10 @@ struct MoeLayer::Impl {
         a.col_target = e + 2 * mt + nb;
         a.combine_claims = combine_claims(k);
       }
+      if (epilogue_combine()) {
+        a.combine_peers = fabric.peer_table(k.rank);
+        a.combine_offset = layout.region("combine_recv").offset_bytes;
+      }
     }
     cuda::build_device_plans(config, args.data(), count, s);
   }
@@ -360,14 +368,17 @@ struct MoeLayer::Impl {
                                                      unfused_kernel[layer]);
     }
   }
-  void gemms(const Rank& k, cudaStream_t s) const {
-    if (options.unfused_gemms == UnfusedGemms::kFusedSchedule) {
-      cuda::run_grouped_gemm(gemm_args(k, 0), s);
-      cuda::run_grouped_gemm(gemm_args(k, 1), s);
-      return;
-    }
+  // compute_only (run_part(kGemms)): GEMM1 stores every row to its output, as a plain grouped
+  // GEMM does, never into owners' slots.
+  enum class Gemm1Rows { kAsPlanned, kComputeOnly };
+  void gemms(const Rank& k, cudaStream_t s, Gemm1Rows rows = Gemm1Rows::kAsPlanned) const {
     for (int layer = 0; layer < 2; ++layer) {
       cuda::GroupedGemmArgs g = gemm_args(k, layer);
+      if (rows == Gemm1Rows::kComputeOnly) g.row_combine = nullptr;
+      if (options.unfused_gemms == UnfusedGemms::kFusedSchedule) {
+        cuda::run_grouped_gemm(g, s);
+        continue;
+      }
       g.kernel = unfused_kernel[layer];
       g.tiles = k.unfused_tiles[layer];
       g.num_tiles = k.unfused_num_tiles + layer;
@@ -751,7 +762,7 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
   }
   m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) {
                if (part == Part::kGemms) {
-                 m.gemms(k, s);
+                 m.gemms(k, s, Impl::Gemm1Rows::kComputeOnly);
                } else if (part == Part::kFusedGemms) {
                  m.fused_gemms_only(k, s);
                } else if (part == Part::kPlan) {

@@ -36,16 +36,15 @@ __global__ void __launch_bounds__(Gemm::kThreads, 1)
     int32_t* psum = reinterpret_cast<int32_t*>(smem);
     load_recv_psum(f, psum);
     const int warps = int(blockDim.x) / 32, warp = int(blockIdx.x) * warps + int(threadIdx.x) / 32;
-    if constexpr (kLayer == 0) {
-      dispatch_rows(f, psum, warp, f.n_comm * warps);
-      // Copies done: with claimed tiles, the block runs GEMM0 tiles until none are left (it
-      // produces no signal anyone still waits for, so joining late cannot deadlock).
-      if (g.tile_claims != nullptr) {
-        __syncthreads();  // shared memory (psum) becomes the GEMM's
-        Gemm::template run_block<false>(g, 0, 1, smem);
-      }
-    } else {
-      combine_rows(f, psum, warp, f.n_comm * warps);
+    if constexpr (kLayer == 0) dispatch_rows(f, psum, warp, f.n_comm * warps);
+    else combine_rows(f, psum, warp, f.n_comm * warps);
+    // Copies done: with claimed tiles, the block runs GEMM tiles until none are left (it
+    // produces no signal anyone still waits for, so joining late cannot deadlock). Layer1's
+    // combine ends with GEMM1 when it has items; with none (every token's only row stored by
+    // GEMM1's epilogue, e.g. one expert per rank) its blocks run GEMM1 from the start.
+    if (g.tile_claims != nullptr) {
+      __syncthreads();  // shared memory (psum) becomes the GEMM's
+      Gemm::template run_block<false>(g, 0, 1, smem);
     }
     return;
   }
@@ -94,8 +93,8 @@ void launch_fused_layer(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, 
     COMET_CHECK(comm.n_comm >= 1 && comm.n_comm < num_sms,
                 "fused layer" << kLayer << ": n_comm " << comm.n_comm << " must be in [1, " << num_sms - 1 << "]");
   }
-  // Layer0's communication blocks claim tiles too once their copies are done (not when stalled).
-  const int claim_blocks = kGemmBlockCopies || (kLayer == 0 && !comm.stall) ? num_sms : num_sms - comm.n_comm;
+  // The communication blocks claim tiles too once their copies are done (not when stalled).
+  const int claim_blocks = kGemmBlockCopies || !comm.stall ? num_sms : num_sms - comm.n_comm;
   const typename Gemm::Params params = Gemm::make_params(gemm, claim_blocks);
   FusedCommArgs f = comm;
   void* args[] = {const_cast<typename Gemm::Params*>(&params), &f};

@@ -47,6 +47,8 @@
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "cuda/bf16_rows.cuh"
+#include "cuda/bulk_copy.cuh"
 #include "cuda/grouped_gemm.h"
 #include "cuda/signal.cuh"
 #include "cuda/trace_record.cuh"
@@ -136,6 +138,7 @@ struct GroupedGemmKernel {
     const uint64_t* wait_flags;
     const uint64_t* wait_targets;
     uint64_t* done_flags;
+    const RowCombine* row_combine;
     const GemmSplitPiece* split_pieces;
     float* split_partials;
     uint64_t* split_flags;
@@ -182,6 +185,7 @@ struct GroupedGemmKernel {
     p.wait_flags = args.wait_flags;
     p.wait_targets = args.wait_targets;
     p.done_flags = args.done_flags;
+    p.row_combine = args.row_combine;
     p.split_pieces = args.split_pieces;
     p.split_partials = args.split_partials;
     p.split_flags = args.split_flags;
@@ -311,6 +315,10 @@ struct GroupedGemmKernel {
       // The tile's trace record opens in memory (no register kept across the mainloop).
       if (p.trace_tiles != nullptr && mma_thread == 0 && stores) p.trace_tiles[t].begin_ns = globaltimer_ns();
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+      // Cooperative: the staging rows are the warpgroup's own, free since its last epilogue, so
+      // the rows' destinations load while the mainloop runs (ping-pong: in its epilogue turn).
+      if constexpr (!kPingpong)
+        if (p.row_combine != nullptr && stores) load_row_combine(p, tile, mma_thread, shared.stage);
       if constexpr (kPingpong) math_order.wait();  // this warpgroup's turn on the tensor cores
       mainloop.mma(pipeline, read_state, accum, k_count, mma_thread, shared.tensors, p.mainloop);
       if constexpr (kPingpong) math_order.arrive();
@@ -511,6 +519,16 @@ struct GroupedGemmKernel {
     }
   }
 
+  // With p.row_combine: the RowCombine entry of each row this warpgroup stores, copied
+  // asynchronously (cp.async, no registers held) into the row's 16 padding bytes of the staging
+  // buffer, which the fragment never writes. store_tile waits for it before its first barrier.
+  static __device__ void load_row_combine(const Params& p, const GemmTile& tile, int mma_thread, __nv_bfloat16* stage) {
+    const int row0 = (mma_thread / 128) * kRowsPerWarpGroup;
+    for (int r = row0 + mma_thread % 128; r < row0 + kRowsPerWarpGroup; r += 128)
+      if (tile.m_row + r < p.max_rows) copy_async_16(stage + r * kStageLd + kStageCols, p.row_combine + tile.m_row + r);
+    copy_async_commit();
+  }
+
   // Registers -> bf16 in shared memory -> coalesced global stores. The accumulator fragment of
   // a wgmma warpgroup holds, per thread, column pairs (c, c+1) in groups of 8 columns; with B
   // packed as alternating blocks of kSwiGluPack gate and kSwiGluPack up columns, the up value
@@ -528,6 +546,8 @@ struct GroupedGemmKernel {
     const int wg_thread = mma_thread % 128;
     const int row0 = (mma_thread / 128) * kRowsPerWarpGroup;  // this warpgroup's rows
     const int col0 = tile.n_block * kOutN;
+    if constexpr (kPingpong)
+      if (p.row_combine != nullptr) load_row_combine(p, tile, mma_thread, stage);
     CUTLASS_PRAGMA_UNROLL
     for (int pass = 0; pass < kPasses; ++pass) {
       // Step 1: fragment -> shared memory (columns [pass*kStageCols, +kStageCols) of the output).
@@ -557,6 +577,7 @@ struct GroupedGemmKernel {
         }
         *reinterpret_cast<__nv_bfloat162*>(stage + r * kStageLd + c) = __floats2bfloat162_rn(v0, v1);
       }
+      if (pass == 0 && p.row_combine != nullptr) copy_async_wait_all();
       cutlass::arch::NamedBarrier::sync(128, 2 + consumer);
       // Step 2: shared memory -> global, 16 bytes per thread, consecutive threads along a row.
       constexpr int kChunksPerRow = kStageCols / 8;
@@ -566,8 +587,18 @@ struct GroupedGemmKernel {
         const int r = row0 + chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * 8;
         const int gcol = col0 + pass * kStageCols + c;
         if (tile.m_row + r < p.max_rows && gcol < p.n) {
-          *reinterpret_cast<uint4*>(p.d + int64_t(tile.m_row + r) * p.n + gcol) =
-              *reinterpret_cast<const uint4*>(stage + r * kStageLd + c);
+          const uint4 v = *reinterpret_cast<const uint4*>(stage + r * kStageLd + c);
+          if constexpr (kEpilogue == GemmEpilogue::kIdentity)
+            if (p.row_combine != nullptr) {
+              const RowCombine to = *reinterpret_cast<const RowCombine*>(stage + r * kStageLd + kStageCols);
+              if (to.dst != nullptr) {  // the token's only row here: its owner's slot, weighted
+                float acc[8] = {};
+                fma_chunk(acc, to.weight, v);
+                static_cast<uint4*>(to.dst)[gcol / 8] = to_bf16_chunk(acc);
+                continue;
+              }
+            }
+          *reinterpret_cast<uint4*>(p.d + int64_t(tile.m_row + r) * p.n + gcol) = v;
         }
       }
       cutlass::arch::NamedBarrier::sync(128, 2 + consumer);  // stage free for the next pass

@@ -115,6 +115,12 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
   DeviceBuffer<char> buffer(layout.total_bytes());
   DeviceBuffer<DeviceError> error(1);
   const int W = pc.world, E = c.experts_per_rank(), R = layout.rows_per_token;
+  // Every other rank plans with the epilogue combine: heaps at made-up addresses (the plan
+  // computes destinations and never dereferences them).
+  std::vector<void*> heaps;
+  for (int p = 0; p < W; ++p) heaps.push_back(reinterpret_cast<void*>(uintptr_t(p + 1) << 32));
+  const int64_t combine_offset = 4096;
+  DeviceBuffer<void*> heap_table(heaps);
   for (int r = 0; r < W; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     buffer.poison();
@@ -127,6 +133,12 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
     args.plan = layout.view(buffer.get());
     args.error = error.get();
     args.layer0_stages = pc.stages;
+    const bool singles = (r + pc.seed) % 2 == 0;
+    SCOPED_TRACE(singles ? "epilogue combine" : "every token through the combine");
+    if (singles) {
+      args.combine_peers = heap_table.get();
+      args.combine_offset = combine_offset;
+    }
     build_device_plan(c, args, nullptr);
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
     ASSERT_EQ(error.download()[0].claimed, 0) << describe(error.download()[0]);
@@ -139,7 +151,7 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
       EXPECT_EQ(offsets[e], host.expert_row_begin(r, e)) << "expert " << e;
     }
     EXPECT_EQ(offsets[E], host.row_extent(r));
-    const auto counts = download(v.counts, 2);
+    const auto counts = download(v.counts, 4);
     EXPECT_EQ(counts[1], host.rows_on_rank(r));
 
     // Received tokens, their rows and weights, in ring order.
@@ -196,6 +208,31 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
         }
     for (size_t row = 0; row < row_source.size(); ++row)
       ASSERT_EQ(row_source[row], want_source[row]) << "A row " << row;
+    // The combine list (slots in order: all, or with the epilogue combine those with two or more
+    // rows) and where GEMM1's epilogue stores each A row (a single row: its owner's slot).
+    std::vector<int> want_list;
+    std::vector<RowCombine> want_combine(row_source.size(), RowCombine{nullptr, 0.f, 0});
+    for (int pos = 0; pos < W; ++pos)
+      for (int i = 0; i < psum[pos + 1] - psum[pos]; ++i) {
+        const int slot = psum[pos] + i;
+        int n = 0;
+        while (n < R && recv_rows[size_t(slot) * R + n] >= 0) ++n;
+        if (!singles || n >= 2) {
+          want_list.push_back(slot);
+          continue;
+        }
+        const int owner = (r + pos) % W;
+        want_combine.at(size_t(recv_rows[size_t(slot) * R])) = RowCombine{
+            static_cast<char*>(heaps[owner]) + combine_offset + (int64_t(r) * c.max_tokens_per_rank + i) * c.model.hidden * 2,
+            recv_w[size_t(slot) * R], 0};
+      }
+    ASSERT_EQ(counts[3], int(want_list.size()));
+    EXPECT_EQ(download(v.combine_slots, want_list.size()), want_list);
+    const auto row_combine = download(v.row_combine, row_source.size());
+    for (size_t row = 0; row < row_combine.size(); ++row) {
+      ASSERT_EQ(row_combine[row].dst, want_combine[row].dst) << "A row " << row;
+      ASSERT_EQ(row_combine[row].weight, want_combine[row].weight) << "A row " << row;
+    }
     // GEMM tile lists: every (M tile, column block) once; layer0 groups follow the order.
     const auto n_tiles = download(v.num_tiles, 2);
     ASSERT_EQ(n_tiles[0], nm * int(layout.n_blocks0));
@@ -266,6 +303,7 @@ TEST(DevicePlan, BadInputIsRecordedNotWritten) {
   const DevicePlanView v = layout.view(buffer.get());
   EXPECT_EQ(download(v.num_tiles, 2), (std::vector<int32_t>{0, 0}));
   EXPECT_EQ(download(v.recv_psum, 5), (std::vector<int32_t>{0, 0, 0, 0, 0}));
+  EXPECT_EQ(download(v.counts, 4)[3], 0) << "a refused plan lists slots for the combine";
   e = run(routing, 20);
   EXPECT_EQ(e.claimed, 0) << describe(e);
 }

@@ -18,9 +18,10 @@ namespace comet::testing {
 
 // The forwards a multi-GPU test compares with Loopback: the unfused pipeline, the fused kernels
 // with the default layer0 mode (communication blocks, ring order) and with copies by the GEMM
-// blocks in row order (bulk copies reading the peers' rows).
+// blocks in row order (bulk copies reading the peers' rows), and fused without the epilogue
+// combine (every token through the combine's stores into the peers' slots).
 inline std::vector<std::pair<std::string, LayerOptions>> forward_variants() {
-  LayerOptions unfused, fused, gemm_rows;
+  LayerOptions unfused, fused, gemm_rows, combine_only;
   unfused.path = ForwardPath::kUnfused;
   fused.path = ForwardPath::kFused;
   fused.layer0_copies = Layer0Copies::kCommBlocks;
@@ -28,7 +29,12 @@ inline std::vector<std::pair<std::string, LayerOptions>> forward_variants() {
   gemm_rows.path = ForwardPath::kFused;
   gemm_rows.layer0_copies = Layer0Copies::kGemmBlocks;
   gemm_rows.dispatch_order = DispatchOrder::kRows;
-  return {{"unfused", unfused}, {"fused blocks/ring", fused}, {"fused gemm/rows", gemm_rows}};
+  combine_only = fused;
+  combine_only.epilogue_combine = false;
+  return {{"unfused", unfused},
+          {"fused blocks/ring", fused},
+          {"fused gemm/rows", gemm_rows},
+          {"fused, no epilogue combine", combine_only}};
 }
 
 // `got` (one entry per rank) within the bf16 tolerance of `want` (the fp64 oracle's rows).

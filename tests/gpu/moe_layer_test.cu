@@ -149,8 +149,9 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
 class FusedLayerTest : public ::testing::TestWithParam<LayerCase> {};
 
 // The fused kernels with each (n_comm0, n_comm1), and once more with layer0's copies in the GEMM
-// blocks (Layer0Copies::kGemmBlocks, the last pair's n_comm1), `calls` forwards each on
-// poisoned outputs: y must equal `unfused` bitwise every time.
+// blocks (Layer0Copies::kGemmBlocks, the last pair's n_comm1), then fused and unfused without the
+// epilogue combine (LayerOptions::epilogue_combine: every token through the combine), `calls`
+// forwards each on poisoned outputs: y must equal `unfused` bitwise every time.
 void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
                                  const std::vector<std::vector<float>>& unfused,
                                  std::initializer_list<std::pair<int, int>> n_comms, int calls,
@@ -174,11 +175,17 @@ void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
   runs.push_back(last);  // the unfused dispatch kernel in row order
   runs.back().path = ForwardPath::kUnfused;
   runs.back().dispatch_order = DispatchOrder::kRows;
+  for (ForwardPath path : {ForwardPath::kFused, ForwardPath::kUnfused}) {  // every token through the combine
+    runs.push_back(last);
+    runs.back().path = path;
+    runs.back().epilogue_combine = false;
+  }
   for (const LayerOptions& o : runs) {
     SCOPED_TRACE(std::string(o.path == ForwardPath::kUnfused ? "unfused" : "fused") + " n_comm " +
                  std::to_string(o.n_comm0) + "/" + std::to_string(o.n_comm1) +
                  (o.layer0_copies == Layer0Copies::kGemmBlocks ? ", layer0 copies in the GEMM blocks" : "") +
-                 (o.dispatch_order == DispatchOrder::kRows ? ", dispatch in row order" : ""));
+                 (o.dispatch_order == DispatchOrder::kRows ? ", dispatch in row order" : "") +
+                 (o.epilogue_combine ? "" : ", no epilogue combine"));
     layer.set_options(o);
     for (int call = 0; call < calls; ++call) {
       d.poison_y();
