@@ -14,6 +14,10 @@
 // Placing kernel, one block per (rank, ring position, chunk): the chunk's tokens get consecutive
 //   slots (block scan) and each (token, slot) its row (warp ballots per expert) on top of the
 //   chunk's bases; the own chunks also write their send positions (a block scan per EP group).
+//   With DevicePlanArgs::combine_peers, a token with a single local row gives that row its
+//   owner's combine_recv row (row_combine: GEMM1's epilogue stores it there) and the others go
+//   to the combine list (a block scan on top of the chunk's list base); without, every token is
+//   listed.
 //
 // NOTES: the order rules are those of comet::DispatchPlan (include/comet/plan.h): inside an
 // expert, sources in ring order, then tokens ascending; a token's rows in slot order.

@@ -12,7 +12,10 @@
 //           col_done[n_block]; comm warps acquire-wait for a column group's blocks, then
 //           pre-reduce each received token's rows over the group's columns (fp32, slot order,
 //           weighted) and store the bf16 partial into the owner's combine_recv slot; GEMM
-//           blocks whose tiles are done join the comm warps (combine_claims)
+//           blocks whose tiles are done join the comm warps (combine_claims), comm blocks whose
+//           items are done join GEMM1 (tile claims). With the epilogue combine (the plan's
+//           row_combine, GroupedGemmArgs::row_combine) a token with a single row on the rank is
+//           stored into its owner's slot by GEMM1's epilogue and not listed for the comm warps
 // The data movement is cuda/comm_rows.cuh, shared with the unfused pipeline. The owner's
 // reduce over ranks runs after layer1 (MoeLayer). Every wait has a timeout; the first one to
 // expire fills the DeviceError record and the kernel still finishes.

@@ -8,7 +8,8 @@
 //      it feeds
 //   4. GEMM0 (+ SwiGLU) and GEMM1 with the plan's tile lists (the grouped GEMM)
 //   5. combine: pre-reduce each received token's rows (fp32, weighted, slot order), convert to
-//      bf16 and store it into the owner's combine_recv slot
+//      bf16 and store it into the owner's combine_recv slot; with LayerOptions::epilogue_combine
+//      a token with a single row here was stored there by GEMM1's epilogue (step 4) instead
 //   6. owner reduce: sum the partial rows of each own token in rank order 0..W-1 (fp32) into y
 // Fused, steps 3-5 are the layer0 kernel (dispatch + GEMM0) and the layer1 kernel (GEMM1 +
 // combine). The same reduction structure as the CPU backend; no float atomics: deterministic.

@@ -19,8 +19,10 @@
 //   warpgroups 1 and 2    consumers, cooperative: both run wgmma on every tile (64 rows each of
 //                         the 128-row tile) through CUTLASS's sm90 TMA/GMMA mainloop collective,
 //                         then the epilogue: registers -> padded shared memory -> coalesced
-//                         16-byte bf16 stores (each warpgroup its own 64 rows), and optionally
-//                         a release-add of the tile's column-block signal.
+//                         16-byte bf16 stores (each warpgroup its own 64 rows; with row_combine,
+//                         a row whose entry names a destination goes there, weighted, instead
+//                         of to D), and optionally a release-add of the tile's column-block
+//                         signal.
 //   With trace pointers set (core/kernel_trace.h), consumer thread 0 records each tile and the
 //   producer's elected thread each wait; null pointers cost a test per tile and nothing else.
 //
