@@ -2,7 +2,8 @@
 // fused Comet kernels (LayerOptions::path).
 //
 // Per call and rank r:
-//   1. publish: copy x, routing and the token count into r's symmetric regions
+//   1. publish: copy x, routing and the token count into r's symmetric regions (cuda/publish.h:
+//      the rows below the token count, every rank of a device in one launch)
 //   2. plan:    build_device_plan (reads every rank's routing through the peer table)
 //   3. dispatch: pull each received token's row once from its owner, write it to every A row
 //      it feeds
@@ -40,6 +41,7 @@
 #include "cuda/device_plan.h"
 #include "cuda/fused_layer.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/publish.h"
 #include "cuda/random_fill.h"
 #include "cuda/rank_barrier.h"
 #include "cuda/trace_record.cuh"
@@ -311,12 +313,23 @@ struct MoeLayer::Impl {
   }
 
   // ---- The steps of one rank (the caller has made the rank's device current).
-  void publish(const Rank& k, const RankTensors& t, cudaStream_t s) const {
-    const size_t Tm = config.max_tokens_per_rank, H = config.model.hidden, K = config.model.topk;
-    COMET_CUDA_CHECK(cudaMemcpyAsync(region(k, "x"), t.x, Tm * H * 2, cudaMemcpyDeviceToDevice, s));
-    COMET_CUDA_CHECK(cudaMemcpyAsync(region(k, "route_ids"), t.expert_ids, Tm * K * 4, cudaMemcpyDeviceToDevice, s));
-    COMET_CUDA_CHECK(cudaMemcpyAsync(region(k, "route_weights"), t.weights, Tm * K * 4, cudaMemcpyDeviceToDevice, s));
-    COMET_CUDA_CHECK(cudaMemcpyAsync(region(k, "token_count"), t.num_tokens, 4, cudaMemcpyDeviceToDevice, s));
+  // Step 1 for `n` ranks of one device from `first` (one launch; cuda/publish.h).
+  void publish(const Rank* first, const RankTensors* const* t, int n, cudaStream_t s) const {
+    std::vector<cuda::PublishCopy> copies(n);
+    for (int i = 0; i < n; ++i) {
+      const Rank& k = first[i];
+      cuda::PublishCopy& c = copies[i];
+      c.x = t[i]->x;
+      c.x_dst = region(k, "x");
+      c.ids = t[i]->expert_ids;
+      c.ids_dst = reinterpret_cast<int32_t*>(region(k, "route_ids"));
+      c.weights = t[i]->weights;
+      c.weights_dst = reinterpret_cast<float*>(region(k, "route_weights"));
+      c.count = t[i]->num_tokens;
+      c.count_dst = reinterpret_cast<int32_t*>(region(k, "token_count"));
+    }
+    cuda::publish_inputs({config.max_tokens_per_rank, config.model.hidden, config.model.topk}, copies.data(), n,
+                         num_sms, s);
   }
   // The plan kernels of `count` ranks from `first` (one launch for up to 8 ranks of one device);
   // with signals on, also this call's epoch targets (fused kernels).
@@ -508,7 +521,10 @@ struct MoeLayer::Impl {
             combine(k, s);
           }
         };
-        on_ranks(stream, {[&](const Rank& k, cudaStream_t s) { publish(k, tensors(k), s); },
+        on_ranks(stream, {[&](const Rank& k, cudaStream_t s) {
+                            const RankTensors* t = &tensors(k);
+                            publish(&k, &t, 1, s);
+                          },
                           [&](const Rank& k, cudaStream_t s) { barrier(k, 0, s); },
                           [&](const Rank& k, cudaStream_t s) { plans(&k, 1, signals, s); }, layer_steps,
                           [&](const Rank& k, cudaStream_t s) { barrier(k, 1, s); },
@@ -517,7 +533,9 @@ struct MoeLayer::Impl {
       }
       // One stream: phase by phase across ranks (a phase's kernels see every rank's previous
       // phase complete), with the plans of all ranks in as few launches as possible.
-      for (const Rank& k : ranks) publish(k, tensors(k), stream);
+      std::vector<const RankTensors*> inputs;
+      for (const Rank& k : ranks) inputs.push_back(&tensors(k));
+      publish(ranks.data(), inputs.data(), int(ranks.size()), stream);
       plans(ranks.data(), int(ranks.size()), signals, stream);
       for (int layer = 0; layer < 2; ++layer) {
         if (fused_kernels) {
