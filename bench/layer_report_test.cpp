@@ -1,5 +1,5 @@
 // Tests of `comet bench layer`'s report (no GPU): a traced row prints and writes its timeline's
-// hidden communication, an untraced one neither.
+// hidden communication, an untraced one neither; each row says whether the epilogue combined.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -53,6 +53,27 @@ TEST(LayerReport, TracedRowsReportTheTimelinesHiddenCommunication) {
   EXPECT_DOUBLE_EQ(j[0]["trace"]["hidden_comm_us"][0].get<double>(), 149.7);
   EXPECT_NEAR(j[0]["trace"]["hidden_fraction"][1].get<double>(), 0.95, 1e-12);
   EXPECT_FALSE(j[1].contains("trace"));
+}
+
+// A row's LayerOptions::epilogue_combine: column `ec` of the table, key `epilogue_combine` of the JSON.
+TEST(LayerReport, RowsSayWhetherTheEpilogueCombined) {
+  LayerBenchRow on = row(), off = row();
+  off.epilogue_combine = false;
+  std::ostringstream os;
+  print_layer_table({on, off}, os);
+  std::istringstream lines(os.str());
+  std::string header, first, second;
+  std::getline(lines, header);
+  std::getline(lines, first);
+  std::getline(lines, second);
+  const size_t column = header.find(" ec");
+  ASSERT_NE(column, std::string::npos) << header;
+  // Right-aligned under the header's "ec": its last character lines up with the value's.
+  EXPECT_EQ(first.substr(column, 3), " on") << os.str();
+  EXPECT_EQ(second.substr(column, 3), "off") << os.str();
+  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({on, off}));
+  EXPECT_TRUE(j[0]["epilogue_combine"].get<bool>());
+  EXPECT_FALSE(j[1]["epilogue_combine"].get<bool>());
 }
 
 }  // namespace
