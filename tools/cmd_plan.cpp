@@ -52,6 +52,9 @@ struct PlanFacts {
   int64_t local_tokens = 0, local_rows = 0;  // src == dst: no link traffic
   std::vector<int64_t> triples;              // count(src, dst, e) for every triple
   int64_t empty_experts = 0;                 // (rank, local expert) pairs without rows
+  // Received tokens (all ranks) with a single row on their rank: the GPU backend's GEMM1
+  // epilogue stores those into their owner's slot (LayerOptions::epilogue_combine).
+  int64_t single_row_tokens = 0;
 };
 
 PlanFacts plan_facts(const DispatchPlan& plan, const std::vector<Routing>& routing) {
@@ -71,6 +74,12 @@ PlanFacts plan_facts(const DispatchPlan& plan, const std::vector<Routing>& routi
       }
       (s == d ? f.local_tokens : f.sent_tokens) += plan.send_count(s, d);
       (s == d ? f.local_rows : f.sent_rows) += rows;
+      std::vector<int> token_rows;
+      for (int i = 0; i < plan.send_count(s, d); ++i) {
+        token_rows.clear();
+        plan.rows_of_sent_token(s, d, i, token_rows);
+        f.single_row_tokens += token_rows.size() == 1;
+      }
     }
   for (int d = 0; d < W; ++d)
     for (int e = 0; e < plan.experts_per_rank(); ++e) f.empty_experts += plan.expert_rows(d, e) == 0;
@@ -164,6 +173,7 @@ int plan_command(const PlanOptions& o) {
     j["slots"] = f.slots;
     j["masked_slots"] = f.masked;
     j["total_rows"] = f.rows;
+    j["single_row_tokens"] = f.single_row_tokens;
     nlohmann::json counts = nlohmann::json::array(), send = nlohmann::json::array(),
                    rows = nlohmann::json::array();
     for (int s = 0; s < W; ++s) {
@@ -234,6 +244,16 @@ int plan_command(const PlanOptions& o) {
                static_cast<long long>(s.count), static_cast<long long>(nonzero),
                static_cast<long long>(s.min), s.mean(), static_cast<long long>(s.max),
                static_cast<long long>(f.empty_experts));
+  }
+  {
+    const int64_t received = f.sent_tokens + f.local_tokens;
+    os << strf("combine: %lld received tokens, %lld (%.1f%%) with a single row on their rank (the GPU "
+               "backend's GEMM1 epilogue stores those into their owner's slot; the combine sums the other "
+               "%lld tokens' %lld rows)\n",
+               static_cast<long long>(received), static_cast<long long>(f.single_row_tokens),
+               received ? 100.0 * double(f.single_row_tokens) / double(received) : 0.0,
+               static_cast<long long>(received - f.single_row_tokens),
+               static_cast<long long>(f.rows - f.single_row_tokens));
   }
   print_count_matrix(os, "tokens sent src -> dst (dedup: once per destination rank; diagonal = own tokens, no link)", W,
                      [&](int s, int d) { return double(plan.send_count(s, d)); });
