@@ -87,8 +87,8 @@ __device__ __forceinline__ DispatchBatch load_dispatch_batch(const FusedCommArgs
       const int source = f.plan.row_source[item];
       if (source < 0) continue;  // an expert's padding row
       batch.my_row[b] = lane == 0 ? item : -1;
-      batch.token[b] = source & ((1 << kRowSourceTokenBits) - 1);
-      batch.pos[b] = source >> kRowSourceTokenBits;
+      batch.token[b] = row_source_token(source);
+      batch.pos[b] = row_source_pos(source);
     } else {
       batch.my_row[b] = lane < f.rows_per_token ? f.plan.recv_rows[int64_t(item) * f.rows_per_token + lane] : -1;
       batch.token[b] = f.plan.recv_token[item];

@@ -483,7 +483,7 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
       const int row = warp_cnt[warp * E + lk[k]] + wrank[k];
       const float w = weights[size_t(t) * K + k];
       plan.recv_rows[size_t(slot) * R + j] = row;
-      plan.row_source[row] = (pos << kRowSourceTokenBits) | t;
+      plan.row_source[row] = pack_row_source(pos, t);
       plan.recv_weight[size_t(slot) * R + j] = w;
       plan.row_combine[row] = RowCombine{dst, single ? w : 0.f, 0};
       ++j;

@@ -51,6 +51,7 @@
 
 #include "comet/config.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/host_device.h"
 
 struct CUstream_st;
 
@@ -84,8 +85,12 @@ struct DevicePlanView {
   int32_t* chunk_list_base;
 };
 
-// row_source's packing: a ring position (< kMaxWorld = 64) above a token index below 2^24.
+// row_source's packing: a ring position (< kMaxWorld = 64) above a token index below 2^24. The
+// plan packs, the dispatch in row order (both copy paths) unpacks; one definition for all.
 inline constexpr int kRowSourceTokenBits = 24;
+COMET_HOST_DEVICE inline int32_t pack_row_source(int pos, int token) { return (pos << kRowSourceTokenBits) | token; }
+COMET_HOST_DEVICE inline int row_source_pos(int32_t source) { return source >> kRowSourceTokenBits; }
+COMET_HOST_DEVICE inline int row_source_token(int32_t source) { return source & ((1 << kRowSourceTokenBits) - 1); }
 
 // Sizes of the plan buffers of one rank for `config` (block_m must be kGemmBlockM).
 struct DevicePlanLayout {

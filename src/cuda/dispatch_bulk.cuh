@@ -83,8 +83,8 @@ __device__ inline void dispatch_rows_bulk(const FusedCommArgs& f, char* smem, in
       if (f.dispatch_by_row) {
         const int source = f.plan.row_source[item];
         if (source >= 0) {
-          pos = source >> kRowSourceTokenBits;
-          token = source & ((1 << kRowSourceTokenBits) - 1);
+          pos = row_source_pos(source);
+          token = row_source_token(source);
           item_row = item;
         }
       } else {
