@@ -320,7 +320,7 @@ struct GroupedGemmKernel {
       // Cooperative: the staging rows are the warpgroup's own, free since its last epilogue, so
       // the rows' destinations load while the mainloop runs (ping-pong: in its epilogue turn).
       if constexpr (!kPingpong)
-        if (p.row_combine != nullptr && stores) load_row_combine(p, tile, mma_thread, shared.stage);
+        if (stores && has_row_combine(p)) load_row_combine(p, tile, mma_thread, shared.stage);
       if constexpr (kPingpong) math_order.wait();  // this warpgroup's turn on the tensor cores
       mainloop.mma(pipeline, read_state, accum, k_count, mma_thread, shared.tensors, p.mainloop);
       if constexpr (kPingpong) math_order.arrive();
@@ -521,6 +521,11 @@ struct GroupedGemmKernel {
     }
   }
 
+  // Whether the epilogue puts rows where p.row_combine says (GEMM1 only: can_implement refuses
+  // row_combine with another epilogue, and this lets those instantiations drop the code).
+  static __device__ __forceinline__ bool has_row_combine(const Params& p) {
+    return kEpilogue == GemmEpilogue::kIdentity && p.row_combine != nullptr;
+  }
   // With p.row_combine: the RowCombine entry of each row this warpgroup stores, copied
   // asynchronously (cp.async, no registers held) into the row's 16 padding bytes of the staging
   // buffer, which the fragment never writes. store_tile waits for it before its first barrier.
@@ -548,9 +553,9 @@ struct GroupedGemmKernel {
     const int wg_thread = mma_thread % 128;
     const int row0 = (mma_thread / 128) * kRowsPerWarpGroup;  // this warpgroup's rows
     const int col0 = tile.n_block * kOutN;
-    const bool row_combine = kEpilogue == GemmEpilogue::kIdentity && p.row_combine != nullptr;
+    const bool row_combine = has_row_combine(p);
     if constexpr (kPingpong)
-      if (p.row_combine != nullptr) load_row_combine(p, tile, mma_thread, stage);
+      if (row_combine) load_row_combine(p, tile, mma_thread, stage);
     CUTLASS_PRAGMA_UNROLL
     for (int pass = 0; pass < kPasses; ++pass) {
       // Step 1: fragment -> shared memory (columns [pass*kStageCols, +kStageCols) of the output).
@@ -580,7 +585,7 @@ struct GroupedGemmKernel {
         }
         *reinterpret_cast<__nv_bfloat162*>(stage + r * kStageLd + c) = __floats2bfloat162_rn(v0, v1);
       }
-      if (pass == 0 && p.row_combine != nullptr) copy_async_wait_all();
+      if (pass == 0 && row_combine) copy_async_wait_all();
       cutlass::arch::NamedBarrier::sync(128, 2 + consumer);
       // Step 2: shared memory -> global, 16 bytes per thread, consecutive threads along a row.
       constexpr int kChunksPerRow = kStageCols / 8;
