@@ -382,8 +382,8 @@ struct MoeLayer::Impl {
                                                      unfused_kernel[layer]);
     }
   }
-  // compute_only (run_part(kGemms)): GEMM1 stores every row to its output, as a plain grouped
-  // GEMM does, never into owners' slots.
+  // Gemm1Rows::kComputeOnly (run_part(kGemms)): GEMM1 stores every row to its output, as a plain
+  // grouped GEMM does, never into owners' slots; kAsPlanned follows epilogue_combine().
   enum class Gemm1Rows { kAsPlanned, kComputeOnly };
   void gemms(const Rank& k, cudaStream_t s, Gemm1Rows rows = Gemm1Rows::kAsPlanned) const {
     for (int layer = 0; layer < 2; ++layer) {
@@ -717,9 +717,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
 }
 
 void MoeLayer::set_options(const LayerOptions& o) {
-  int device = 0, num_sms = 0;
-  COMET_CUDA_CHECK(cudaGetDevice(&device));
-  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const int num_sms = impl_->num_sms;  // the layer's GPU, looked up when it was made
   COMET_CHECK(o.n_comm0 >= 0 && o.n_comm0 < num_sms && o.n_comm1 >= 0 && o.n_comm1 < num_sms,
               "MoeLayer: n_comm0 " << o.n_comm0 << " and n_comm1 " << o.n_comm1 << " must be in [0, " << num_sms - 1
                                    << "] (0 chooses; this GPU has " << num_sms << " SMs)");
