@@ -227,7 +227,7 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
               std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m) + "-s" +
               std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms) +
               "-c" + layer0_copies_name(row.layer0.copies) +
-              "-o" + dispatch_order_name(row.layer0.order) + "-e" + (row.epilogue_combine ? "on" : "off");
+              "-o" + dispatch_order_name(row.layer0.order) + "-e" + on_off(row.epilogue_combine);
     if (per_process) stem += "-rank" + std::to_string(row.rank);
     row.trace_path = stem + ".json";
   }

@@ -68,6 +68,8 @@ struct LayerBenchOptions {
 
 // "fused" or "auto": LayerOptions::unfused_gemms as `--unfused-gemms` and the tables name it.
 inline const char* unfused_gemms_name(UnfusedGemms g) { return g == UnfusedGemms::kAuto ? "auto" : "fused"; }
+// A switch as `--epilogue-combine` spells it (the table column `ec`, trace file names).
+inline const char* on_off(bool on) { return on ? "on" : "off"; }
 
 struct LayerBenchRow {
   std::string model;

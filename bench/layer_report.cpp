@@ -34,7 +34,7 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
        << (r.layer0_group_m > 0 ? std::to_string(r.layer0_group_m) : "auto") << std::setw(5)
        << (r.layer0_stages > 0 ? std::to_string(r.layer0_stages) : "auto") << std::setw(7)
        << unfused_gemms_name(r.unfused_gemms) << std::setw(7) << layer0_copies_name(r.layer0.copies)
-       << std::setw(5) << dispatch_order_name(r.layer0.order) << std::setw(4) << (r.epilogue_combine ? "on" : "off");
+       << std::setw(5) << dispatch_order_name(r.layer0.order) << std::setw(4) << on_off(r.epilogue_combine);
   };
   const auto workload_header = [&os] {
     os << std::left << std::setw(16) << "model" << std::setw(15) << "routing" << std::right << std::setw(6) << "T"
