@@ -12,6 +12,7 @@
 //      bf16 and store it into the owner's combine_recv slot; with LayerOptions::epilogue_combine
 //      a token with a single row here was stored there by GEMM1's epilogue (step 4) instead
 //   6. owner reduce: sum the partial rows of each own token in rank order 0..W-1 (fp32) into y
+//      (every rank of a device in one launch)
 // Fused, steps 3-5 are the layer0 kernel (dispatch + GEMM0) and the layer1 kernel (GEMM1 +
 // combine). The same reduction structure as the CPU backend; no float atomics: deterministic.
 //
