@@ -245,7 +245,7 @@ __global__ void activation_kernel(Activation act, int row_begin, int row_end, in
     if (gated) bf16x8_to_float(inter0[(r * inter0_cols + up_col - kSwiGluPack) / 8], gate);
 #pragma unroll
     for (int q = 0; q < 8; ++q) out[q] = apply_act(act, gate[q], up[q]);
-    inter[(r * ffn_local + col) / 8] = bf16x8(out);
+    inter[(r * ffn_local + col) / 8] = to_bf16_chunk(out);
   }
 }
 
@@ -260,7 +260,7 @@ __global__ void unpermute_kernel(int begin, int end, int hidden, int meta_per_to
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int q = 0; q < meta_per_token && m[q].row >= 0; ++q)
         add_bf16x8(acc, out_rows[int64_t(m[q].row) * vecs + i], m[q].weight);
-      recv[int64_t(j) * vecs + i] = bf16x8(acc);
+      recv[int64_t(j) * vecs + i] = to_bf16_chunk(acc);
     }
   }
 }
@@ -277,7 +277,7 @@ __global__ void owner_reduce_kernel(int t_begin, int t_end, int world, int hidde
         const int p = send_pos[int64_t(t) * world + d];
         if (p >= 0) add_bf16x8(acc, send_rows[int64_t(p) * vecs + i], 1.f);
       }
-      y[int64_t(t) * vecs + i] = bf16x8(acc);
+      y[int64_t(t) * vecs + i] = to_bf16_chunk(acc);
     }
   }
 }

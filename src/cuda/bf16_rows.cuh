@@ -49,6 +49,5 @@ __device__ __forceinline__ uint4 to_bf16_chunk(const float* acc) {
   for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
   return out;
 }
-__device__ __forceinline__ uint4 bf16x8(const float (&acc)[8]) { return to_bf16_chunk(acc); }
 
 }  // namespace comet::cuda

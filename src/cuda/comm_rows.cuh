@@ -58,6 +58,23 @@ __device__ __forceinline__ int ring_pos(const int32_t* psum, int world, int slot
   return find_range(psum, world, slot);
 }
 
+// Rank `rank`'s partial row of the token at `position` among its owner's tokens, in the owner's
+// combine_recv region ([W][T_max][hidden] bf16, by sending rank) at `combine_offset` of the
+// owner's heap `owner_heap`: where the combine (and GEMM1's epilogue, for a token's only row)
+// stores it and the owner reduce reads it.
+__host__ __device__ __forceinline__ uint4* combine_recv_row(void* owner_heap, int64_t combine_offset, int rank,
+                                                            int t_max, int position, int hidden) {
+  return reinterpret_cast<uint4*>(static_cast<char*>(owner_heap) + combine_offset) +
+         (int64_t(rank) * t_max + position) * (hidden / 8);
+}
+
+// Whether the combine moves a received token with `local_rows` rows on this rank: with the
+// epilogue combine (GEMM1 stores a token's only row itself) those with two or more, else all.
+// The plan's counting and placing kernels both list by it, so their list bases agree.
+__host__ __device__ __forceinline__ bool combine_lists(int local_rows, bool epilogue_combine) {
+  return local_rows >= (epilogue_combine ? 2 : 1);
+}
+
 // The block's copy of recv_psum [W + 1]; every thread of the block must call it.
 __device__ inline void load_recv_psum(const FusedCommArgs& f, int32_t* psum) {
   for (int i = int(threadIdx.x); i <= f.world; i += int(blockDim.x)) psum[i] = f.plan.recv_psum[i];
@@ -320,8 +337,7 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
     // order of w * x (fp32), one bf16 rounding, stored into the owner's slot.
     const int pos = ring_pos(psum, f.world, slot);
     const int owner = (f.rank + pos) % f.world, position = slot - psum[pos];
-    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(f.peers[owner]) + f.combine_offset) +
-                 (int64_t(f.rank) * f.t_max + position) * chunks;
+    uint4* dst = combine_recv_row(f.peers[owner], f.combine_offset, f.rank, f.t_max, position, f.hidden);
     const int my_row = item.my_row;
     const float my_weight = item.my_weight;
     const int num_rows = __popc(__ballot_sync(~0u, my_row >= 0));

@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanSha
     }
   }
   const int received = __syncthreads_count(mine);
-  const int listed = __syncthreads_count(local_rows >= (a.combine_peers != nullptr ? 2 : 1));
+  const int listed = __syncthreads_count(combine_lists(local_rows, a.combine_peers != nullptr));
   const int any_repeated = __syncthreads_or(repeated);
   for (int i = tid; i < E; i += kChunkTokens) plan.chunk_row_base[(int64_t(pos) * C + ch) * E + i] = rows[i];
   if (pos == 0)
@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
   int p, total, listed_before, listed_total;
   ChunkScan(scan_storage).ExclusiveSum(mine, p, total);
   __syncthreads();  // scan storage reused
-  ChunkScan(scan_storage).ExclusiveSum(int(local_rows >= (singles ? 2 : 1)), listed_before, listed_total);
+  ChunkScan(scan_storage).ExclusiveSum(int(combine_lists(local_rows, singles)), listed_before, listed_total);
   if (pos == 0)
     for (int g = 0; g < s.ep; ++g) {  // send positions: the token's rank among the own tokens for group g
       const int flag = int(groups >> g & 1u);
@@ -471,11 +471,10 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
     if (!single) plan.combine_slots[plan.chunk_list_base[pos * s.chunks + ch] + listed_before] = slot;
     // A single row's partial is the row itself, weighted: its owner's combine_recv row (the
     // combine's destination, comm_rows.cuh) takes it from GEMM1's epilogue.
-    char* dst = nullptr;
+    void* dst = nullptr;
     if (single) {
       const int owner = (r + pos) % W, position = slot - plan.recv_psum[pos];
-      dst = static_cast<char*>(a.combine_peers[owner]) + a.combine_offset +
-            (int64_t(r) * s.t_max + position) * s.hidden * 2;
+      dst = combine_recv_row(a.combine_peers[owner], a.combine_offset, r, s.t_max, position, s.hidden);
     }
     int j = 0;
     for (int k = 0; k < K && j < R; ++k) {
