@@ -184,8 +184,8 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
   auto candidate_of = [](const TuneSample& s) {
     return Candidate{s.n_comm0, s.n_comm1, int(s.layer0.copies), int(s.layer0.order)};
   };
-  std::map<Candidate, std::pair<double, size_t>> pair_totals;  // candidate -> (sum, workloads seen)
-  std::map<Candidate, std::vector<bool>> pair_seen;
+  std::map<Candidate, std::pair<double, size_t>> candidate_totals;  // candidate -> (sum, workloads seen)
+  std::map<Candidate, std::vector<bool>> candidate_seen;
   for (const TuneSample& s : samples) {
     const size_t w = workload_of(s.key);
     if (best.size() <= w) best.resize(w + 1, nullptr);
@@ -193,11 +193,11 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
   }
   for (const TuneSample& s : samples) {
     const size_t w = workload_of(s.key);
-    auto& seen = pair_seen[candidate_of(s)];
+    auto& seen = candidate_seen[candidate_of(s)];
     seen.resize(workloads.size(), false);
     if (seen[w]) continue;  // a repeated measurement counts once
     seen[w] = true;
-    auto& t = pair_totals[candidate_of(s)];
+    auto& t = candidate_totals[candidate_of(s)];
     t.first += s.latency_us;
     ++t.second;
   }
@@ -216,7 +216,7 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
     }
   }
   bool found = false;
-  for (const auto& [candidate, t] : pair_totals) {
+  for (const auto& [candidate, t] : candidate_totals) {
     if (t.second != workloads.size()) continue;
     if (!found || t.first < out.fixed_total_us) {
       out.fixed_total_us = t.first;

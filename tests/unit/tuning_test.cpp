@@ -21,6 +21,17 @@ LayerConfig mixtral_ep8() {
   return c;
 }
 
+// `json` with its first `from` replaced by `to`, parsed as t.json, is refused with a message
+// naming the file, entry 0 and each of `words` (a failure, not a crash, when `from` is missing).
+::testing::AssertionResult edit_is_refused(std::string json, const std::string& from, const std::string& to,
+                                           std::vector<std::string> words) {
+  const size_t at = json.find(from);
+  if (at == std::string::npos) return ::testing::AssertionFailure() << "\"" << from << "\" is not in: " << json;
+  json.replace(at, from.size(), to);
+  words.insert(words.begin(), {"t.json", "entry 0"});
+  return throws_with<Error>([&] { io::parse_tuning_table(json, "t.json"); }, words);
+}
+
 TuningTable table_with(std::initializer_list<std::tuple<int, int, int>> tokens_n0_n1) {
   TuningTable t;
   for (auto [tokens, n0, n1] : tokens_n0_n1)
@@ -125,9 +136,7 @@ TEST(TuningJson, RoundTripAndClearErrors) {
   EXPECT_TRUE(throws_with<Error>([] { io::parse_tuning_table("{", "x.json"); }, {"x.json", "not JSON"}));
   EXPECT_TRUE(throws_with<Error>([] { io::parse_tuning_table(R"({"format":"v0","entries":[]})", "x.json"); },
                                  {"format"}));
-  std::string typo = io::tuning_table_json(t);
-  typo.replace(typo.find("\"n_comm0\""), 9, "\"n_comm_0\"");
-  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(typo, "t.json"); }, {"t.json", "entry 0", "n_comm_0"}));
+  EXPECT_TRUE(edit_is_refused(io::tuning_table_json(t), "\"n_comm0\"", "\"n_comm_0\"", {"n_comm_0"}));
   EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/nonexistent/t.json"); }, {"cannot be read"}));
 }
 
@@ -148,9 +157,7 @@ TEST(TuningJson, GpusFieldRoundTripsDefaultsToOneAndIsChecked) {
   ASSERT_EQ(old_back.entries().size(), 1u);
   EXPECT_EQ(old_back.entries()[0].key.gpus, 1);
 
-  std::string bad = text;
-  bad.replace(bad.find("\"gpus\": 8"), std::string("\"gpus\": 8").size(), "\"gpus\": 3");
-  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(bad, "t.json"); }, {"t.json", "entry 0", "gpus", "3"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"gpus\": 8", "\"gpus\": 3", {"gpus", "3"}));
 }
 
 TEST(Tuning, SummaryKeepsEachWorkloadsFastestPairAndTheBestFixedPair) {
@@ -220,13 +227,8 @@ TEST(TuningJson, UnfusedTimeRoundTripsAndIsOptional) {
   const TuningTable old_back = io::parse_tuning_table(old);
   EXPECT_DOUBLE_EQ(old_back.entries()[0].unfused_us, 0.0);
   EXPECT_FALSE(old_back.entries()[0].fused_faster());
-  std::string bad = text;
-  bad.replace(bad.find("950.5"), 5, "-1.0");
-  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(bad, "t.json"); }, {"t.json", "entry 0", "unfused_us"}));
-  std::string text_value = text;
-  text_value.replace(text_value.find("950.5"), 5, "\"950\"");
-  EXPECT_TRUE(
-      throws_with<Error>([&] { io::parse_tuning_table(text_value, "t.json"); }, {"t.json", "entry 0", "unfused_us"}));
+  EXPECT_TRUE(edit_is_refused(text, "950.5", "-1.0", {"unfused_us"}));
+  EXPECT_TRUE(edit_is_refused(text, "950.5", "\"950\"", {"unfused_us"}));
 }
 
 // Each entry's unfused time is the one measured in its winning row (the same timing loop as the
@@ -272,13 +274,8 @@ TEST(TuningJson, Layer0ModeRoundTripsDefaultsAndIsChecked) {
     old.erase(old.find(field), field.size());
   }
   EXPECT_EQ(io::parse_tuning_table(old).entries()[0].layer0, Layer0Mode{});
-  std::string bad = text;
-  bad.replace(bad.find("\"gemm\""), 6, "\"warp\"");
-  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(bad, "t.json"); }, {"t.json", "entry 0", "layer0_copies"}));
-  std::string bad_order = text;
-  bad_order.replace(bad_order.find("\"rows\""), 6, "7");
-  EXPECT_TRUE(
-      throws_with<Error>([&] { io::parse_tuning_table(bad_order, "t.json"); }, {"t.json", "entry 0", "dispatch_order"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"gemm\"", "\"warp\"", {"layer0_copies"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"rows\"", "7", {"dispatch_order"}));
 }
 
 // The entry takes its winning sample's layer0 mode; the best fixed candidate is a mode as well
