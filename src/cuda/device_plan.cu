@@ -12,8 +12,8 @@
 //   expert), received-token prefix sums, M tiles and their last ring position, the layer0 order
 //   (stable counting sort: warp matches and per-key scans), both GEMM tile lists, the epochs.
 // Placing kernel, one block per (rank, ring position, chunk): the chunk's tokens get consecutive
-//   slots (block scan) and each (token, slot) its row (warp ballots per expert) on top of the
-//   chunk's bases; the own chunks also write their send positions (a block scan per EP group).
+//   slots (block scan) and each (token, slot) its row (per warp, a mask of the lanes holding each
+//   expert, from shared atomics) on top of the chunk's bases; the own chunks also write their send positions (a block scan per EP group).
 //   With DevicePlanArgs::combine_peers, a token with a single local row gives that row its
 //   owner's combine_recv row (row_combine: GEMM1's epilogue stores it there) and the others go
 //   to the combine list (a block scan on top of the chunk's list base); without, every token is
@@ -43,6 +43,9 @@ namespace {
 // 1024-token chunks gave each rank only 8 blocks, and qwen3's placing kernel took 69 us.
 constexpr int kChunkTokens = 256;
 constexpr int kChunkWarps = kChunkTokens / 32;
+// Both chunk kernels are bound by load latency, so blocks per SM matter: 6 blocks of 256
+// threads (40 registers) fit each one without spilling.
+constexpr int kChunkBlocksPerSm = 6;
 using ChunkScan = cub::BlockScan<int, kChunkTokens>;
 // The layout kernel: one block per rank.
 constexpr int kThreads = 1024;
@@ -79,6 +82,16 @@ __device__ __forceinline__ void warp_count(int* counter, int key) {
   if (key >= 0 && (threadIdx.x % 32) == unsigned(__ffs(same) - 1)) atomicAdd(&counter[key], __popc(same));
 }
 
+// A token's local expert per slot (-1: none), 16 bits each, two slots per register; indexed
+// by unrolled loops only (constant k), so it stays in registers: the placing kernel fits 40
+// registers without spilling.
+struct SlotIds {
+  uint32_t packed[kMaxTopk / 2] = {};  // slot k: id + 1 in bits 16 (k % 2) ..
+  __device__ __forceinline__ void set(int k, int id) { packed[k / 2] |= uint32_t(id + 1) << (16 * (k % 2)); }
+  __device__ __forceinline__ int get(int k) const { return int(packed[k / 2] >> (16 * (k % 2)) & 0xffffu) - 1; }
+};
+static_assert(kMaxTopk % 2 == 0);
+
 // Up to kPlanBatch ranks' plans in one launch (virtual ranks on one GPU plan concurrently).
 constexpr int kPlanBatch = 8;
 struct PlanBatch {
@@ -92,7 +105,7 @@ struct PlanBatch {
 // repeated within a token), chunk_list_base[pos][ch] (tokens the combine moves: with
 // combine_peers those with two or more local rows, else every token with one). Every block
 // writes its counts, also with no tokens in its chunk.
-__global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm) device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
   const int ch = int(blockIdx.x), pos = int(blockIdx.y), tid = threadIdx.x;
@@ -106,11 +119,16 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanSha
   const int T = published_tokens(a, s, src, ch == 0 && tid == 0);
   const int t = ch * kChunkTokens + tid;
   const int32_t* ids = a.route_ids[src] + size_t(t) * K;
+  // Slot loops run to kMaxTopk, unrolled, guarded by k < K (uniform over the block): e[] stays
+  // in registers (a loop to the runtime K indexes it, which puts it in local memory).
   int e[kMaxTopk];
-  for (int k = 0; k < K; ++k) e[k] = t < T ? ids[k] : -1;  // one read of the token's slots
+#pragma unroll
+  for (int k = 0; k < kMaxTopk; ++k) e[k] = k < K && t < T ? ids[k] : -1;  // one read of the token's slots
   bool mine = false, repeated = false;
   int local_rows = 0;
-  for (int k = 0; k < K; ++k) {
+#pragma unroll
+  for (int k = 0; k < kMaxTopk; ++k) {
+    if (k >= K) break;
     if (e[k] < -1 || e[k] >= s.num_experts) {
       record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(e[k])));
       e[k] = -1;  // masked, as the placing kernel masks it
@@ -145,7 +163,9 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_count_kernel(PlanSha
 }
 
 // Shared memory of the layout kernel: cnt[W][E], base[W][E], recv_cnt[W], tile_psum[E + 1],
-// key_next[W], key_end[W], warp_cnt[W][kWarps].
+// key_next[W], key_end[W], warp_cnt[W][kWarps], expert_rows[E]. What later steps read back is
+// kept here rather than re-read from the plan in global memory (a load of a just-written value
+// goes to L2: one latency per step of a serial chain).
 struct LayoutSmem {
   int* cnt;
   int* base;
@@ -154,6 +174,7 @@ struct LayoutSmem {
   int* key_next;
   int* key_end;
   int* warp_cnt;
+  int* expert_rows;
   __device__ LayoutSmem(int* p, const PlanShape& s) {
     const int W = s.world, E = s.experts_per_rank;
     cnt = p;
@@ -163,10 +184,11 @@ struct LayoutSmem {
     key_next = tile_psum + E + 1;
     key_end = key_next + W;
     warp_cnt = key_end + W;
+    expert_rows = warp_cnt + W * kWarps;
   }
   static size_t bytes(const PlanShape& s) {
     const int W = s.world, E = s.experts_per_rank;
-    return sizeof(int) * size_t(2 * W * E + W + E + 1 + 2 * W + W * kWarps);
+    return sizeof(int) * size_t(2 * W * E + W + E + 1 + 2 * W + W * kWarps + E);
   }
 };
 
@@ -196,6 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ int total_rows, total_tiles, bad_rows;
   __shared__ int list_base[kMaxWorld + 1];  // combine_slots entries before each ring position
+  __shared__ int recv_base[kMaxWorld + 1];  // received tokens before each ring position (recv_psum)
   LayoutSmem sm(smem_raw, s);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int W = s.world, E = s.experts_per_rank, C = s.chunks;
@@ -211,8 +234,8 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   for (int pos = tid; pos < W; pos += kThreads) {
     sm.recv_cnt[pos] = chunk_prefix(plan.chunk_slot_base + pos * C, 1, C);
     list_base[pos + 1] = chunk_prefix(plan.chunk_list_base + pos * C, 1, C);
-    for (int ch = 0; ch < C; ++ch) repeated |= plan.chunk_flags[pos * C + ch] != 0;
   }
+  for (int i = tid; i < W * C; i += kThreads) repeated |= plan.chunk_flags[i] != 0;
   for (int g = tid; g < s.ep; g += kThreads) chunk_prefix(plan.chunk_send_base + g, W, C);
   if (tid == 0) total_rows = total_tiles = 0;
   repeated = __syncthreads_or(repeated);  // also: cnt and recv_cnt complete
@@ -230,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     before += total_tiles;
     if (e < E) {
       plan.expert_rows[e] = n;
+      sm.expert_rows[e] = n;
       plan.expert_offset[e] = before * kGemmBlockM;
       sm.tile_psum[e] = before;
       int b = before * kGemmBlockM;
@@ -253,11 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     list_base[0] = 0;
     for (int pos = 0; pos < W; ++pos) list_base[pos + 1] += list_base[pos];
     plan.counts[3] = list_base[W];
-    plan.recv_psum[0] = 0;
-    for (int pos = 0; pos < W; ++pos) {
-      plan.recv_count[pos] = sm.recv_cnt[pos];
-      plan.recv_psum[pos + 1] = plan.recv_psum[pos] + sm.recv_cnt[pos];
-    }
+    recv_base[0] = 0;
+    for (int pos = 0; pos < W; ++pos) recv_base[pos + 1] = recv_base[pos] + sm.recv_cnt[pos];
     // Rows beyond the buffers, or an expert repeated within a token (which breaks the row
     // placement): refuse the whole plan.
     bad_rows = offset_end > s.max_rows || repeated;
@@ -268,13 +289,16 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       plan.counts[2] = 0;  // the placing kernel writes nothing
       plan.counts[3] = 0;
       plan.num_tiles[0] = plan.num_tiles[1] = 0;
-      for (int pos = 0; pos <= W; ++pos) plan.recv_psum[pos] = 0;  // nothing to dispatch or combine
     } else {
       plan.num_tiles[0] = num_m * s.n_blocks0;
       plan.num_tiles[1] = num_m * s.n_blocks1;
     }
   }
   __syncthreads();
+  for (int pos = tid; pos <= W; pos += kThreads) {
+    if (pos < W) plan.recv_count[pos] = sm.recv_cnt[pos];
+    plan.recv_psum[pos] = bad_rows ? 0 : recv_base[pos];  // refused: nothing to dispatch or combine
+  }
   if (bad_rows) {
     // No later kernel may follow stale indices: the own tokens are sent nowhere.
     const int T = published_tokens(a, s, r, false);
@@ -288,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     plan.chunk_row_base[i] += sm.base[pos * E + e];
   }
   for (int i = tid; i < W * C; i += kThreads) {
-    plan.chunk_slot_base[i] += plan.recv_psum[i / C];
+    plan.chunk_slot_base[i] += recv_base[i / C];
     plan.chunk_list_base[i] += list_base[i / C];
   }
 
@@ -303,8 +327,8 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   __syncthreads();
   for (int m = tid; m < num_m; m += kThreads) {
     const int e = expert_of(m), i = m - sm.tile_psum[e];
-    const int rows = min(kGemmBlockM, plan.expert_rows[e] - i * kGemmBlockM);
-    const int first_row = plan.expert_offset[e] + i * kGemmBlockM;
+    const int rows = min(kGemmBlockM, sm.expert_rows[e] - i * kGemmBlockM);
+    const int first_row = m * kGemmBlockM;  // segments are whole tiles: M tile m starts at row 128 m
     const int last_row = first_row + rows - 1;
     int last = 0;
     for (int pos = W - 1; pos >= 0; --pos)
@@ -314,12 +338,16 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       }
     plan.m_tile_row[m] = first_row;
     plan.m_tile_rows[m] = rows;
-    for (int row = first_row + rows; row < first_row + kGemmBlockM; ++row) {  // padding
+    plan.m_tile_last[m] = last;
+    atomicAdd(&sm.key_next[stage_of(last)], 1);
+  }
+  // Padding rows (past an expert's rows in its last tile) move nothing and store nothing.
+  for (int i = tid; i < E * kGemmBlockM; i += kThreads) {
+    const int e = i / kGemmBlockM, row = sm.tile_psum[e] * kGemmBlockM + sm.expert_rows[e] + i % kGemmBlockM;
+    if (row < sm.tile_psum[e + 1] * kGemmBlockM) {
       plan.row_source[row] = -1;
       plan.row_combine[row] = RowCombine{nullptr, 0.f, 0};
     }
-    plan.m_tile_last[m] = last;
-    atomicAdd(&sm.key_next[stage_of(last)], 1);
   }
   __syncthreads();
   if (tid == 0)
@@ -361,12 +389,12 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     int q, n;
     raster_tile(TileOrder::kRowMajor, a.layer0_group_m, i, num_m, s.n_blocks0, q, n);
     const int m = plan.layer0_order[q];
-    plan.tiles0[i] = GemmTile{plan.m_tile_row[m], n, expert_of(m), m};
+    plan.tiles0[i] = GemmTile{m * kGemmBlockM, n, expert_of(m), m};
   }
   for (int64_t i = tid; i < int64_t(num_m) * s.n_blocks1; i += kThreads) {
     int m, n;
     raster_tile(TileOrder::kColumnBlockMajor, kRasterGroupN, i, num_m, s.n_blocks1, m, n);
-    plan.tiles1[i] = GemmTile{plan.m_tile_row[m], n, expert_of(m), m};
+    plan.tiles1[i] = GemmTile{m * kGemmBlockM, n, expert_of(m), m};
   }
   // Epoch targets of this call (docs/protocol.md): each counter rises by exactly the expected
   // count, so target = what earlier calls delivered + this call's expectation.
@@ -387,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
 // tokens get consecutive slots from chunk_slot_base (block scan), each (token, slot) its row:
 // the expert's chunk base, plus the earlier warps' count, plus its rank in the warp. Chunks of
 // the own tokens (ring position 0) also write the send positions to every destination.
-__global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanShape s,
+__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm) device_plan_place_kernel(PlanShape s,
                                                                           const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
@@ -401,22 +429,29 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
   extern __shared__ int smem_raw[];
   int* warp_cnt = smem_raw;                      // [kChunkWarps][E]
   int* chunk_base = warp_cnt + kChunkWarps * E;  // [E]
+  unsigned* warp_mask = reinterpret_cast<unsigned*>(chunk_base + E);  // [kChunkWarps][E]
   __shared__ typename ChunkScan::TempStorage scan_storage;
   const int32_t* ids = a.route_ids[src];
   const float* weights = a.route_weights[src];
   for (int e = tid; e < E; e += kChunkTokens) chunk_base[e] = plan.chunk_row_base[(int64_t(pos) * s.chunks + ch) * E + e];
   const int t = ch * kChunkTokens + tid;
-  int lk[kMaxTopk];
-  unsigned pending = 0;  // bit k: slot k still needs its rank within the warp
-  uint64_t groups = 0;   // bit g: the token has an expert in EP group g
-  for (int k = 0; k < K; ++k) {
-    const int e = t < T ? ids[size_t(t) * K + k] : -1;  // bad ids were reported by the counting kernel
+  // Loops over a token's slots run to kMaxTopk, unrolled, with k < K as a guard, so the slots'
+  // local experts stay in registers (a loop to the runtime K indexes them, which puts them in
+  // local memory), two per register (SlotIds).
+  SlotIds lk;
+  int local_rows = 0;
+  uint64_t groups = 0;  // bit g: the token has an expert in EP group g
+#pragma unroll
+  for (int k = 0; k < kMaxTopk; ++k) {
+    const int e = k < K && t < T ? ids[size_t(t) * K + k] : -1;  // bad ids were reported by the counting kernel
     const bool valid = e >= 0 && e < s.num_experts;
-    lk[k] = (valid && e / E == my_ep) ? e % E : -1;
-    if (lk[k] >= 0) pending |= 1u << k;
+    if (valid && e / E == my_ep) {
+      lk.set(k, e % E);
+      ++local_rows;
+    }
     if (valid) groups |= uint64_t(1) << (e / E);
   }
-  const int mine = pending != 0, local_rows = __popc(pending);
+  const int mine = local_rows > 0;
   const bool singles = a.combine_peers != nullptr;  // single-row tokens go to GEMM1's epilogue
   int p, total, listed_before, listed_total;
   ChunkScan(scan_storage).ExclusiveSum(mine, p, total);
@@ -433,26 +468,17 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
         for (int d = g * s.tp; d < (g + 1) * s.tp; ++d) plan.send_pos[size_t(t) * W + d] = at;
       }
     }
-  // Rank of each slot among this warp's earlier tokens with the same expert.
-  for (int e = lane; e < E; e += 32) warp_cnt[warp * E + e] = 0;
+  // Rank of each slot among this warp's earlier tokens with the same expert: the warp's lanes
+  // holding expert e as a bit mask per e (shared atomics; a token holds an expert at most once,
+  // a repeat refused the plan above); a slot's rank is the count of the lanes below its own.
+  unsigned* my_masks = warp_mask + warp * E;
+  for (int e = lane; e < E; e += 32) my_masks[e] = 0;
   __syncwarp();
-  int wrank[kMaxTopk];
-  while (true) {
-    const unsigned any = __ballot_sync(kFullWarp, pending != 0);
-    if (any == 0) break;
-    const int leader = __ffs(any) - 1;
-    const int my_first = pending ? lk[__ffs(pending) - 1] : -1;
-    const int e_lead = __shfl_sync(kFullWarp, my_first, leader);
-    int kk = -1;
-    for (int k = 0; k < K; ++k)
-      if ((pending >> k & 1u) && lk[k] == e_lead) kk = k;
-    const unsigned holders = __ballot_sync(kFullWarp, kk >= 0);
-    if (kk >= 0) {
-      wrank[kk] = __popc(holders & ((1u << lane) - 1u));
-      pending &= ~(1u << kk);
-    }
-    if (lane == leader) warp_cnt[warp * E + e_lead] = __popc(holders);
-  }
+#pragma unroll
+  for (int k = 0; k < kMaxTopk; ++k)
+    if (k < K && lk.get(k) >= 0) atomicOr(&my_masks[lk.get(k)], 1u << lane);
+  __syncwarp();
+  for (int e = lane; e < E; e += 32) warp_cnt[warp * E + e] = __popc(my_masks[e]);
   __syncthreads();
   // Per expert: exclusive scan over warps on top of the chunk's base.
   for (int e = tid; e < E; e += kChunkTokens) {
@@ -477,9 +503,12 @@ __global__ void __launch_bounds__(kChunkTokens) device_plan_place_kernel(PlanSha
       dst = combine_recv_row(a.combine_peers[owner], a.combine_offset, r, s.t_max, position, s.hidden);
     }
     int j = 0;
-    for (int k = 0; k < K && j < R; ++k) {
-      if (lk[k] < 0) continue;
-      const int row = warp_cnt[warp * E + lk[k]] + wrank[k];
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k) {
+      const int e = lk.get(k);
+      if (k >= K || e < 0 || j >= R) continue;
+      const unsigned lanes_below = (1u << lane) - 1u;
+      const int row = warp_cnt[warp * E + e] + __popc(my_masks[e] & lanes_below);
       const float w = weights[size_t(t) * K + k];
       plan.recv_rows[size_t(slot) * R + j] = row;
       plan.row_source[row] = pack_row_source(pos, t);
@@ -572,7 +601,7 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
   COMET_CHECK(s.world <= kMaxWorld, "build_device_plan: at most " << kMaxWorld << " ranks, got " << s.world);
   const size_t count_smem = sizeof(int) * size_t(s.experts_per_rank + s.ep);
   const size_t layout_smem = LayoutSmem::bytes(s);
-  const size_t place_smem = sizeof(int) * size_t(kChunkWarps + 1) * s.experts_per_rank;
+  const size_t place_smem = sizeof(int) * size_t(2 * kChunkWarps + 1) * s.experts_per_rank;
   COMET_CHECK(layout_smem <= 200 * 1024 && place_smem <= 200 * 1024,
               "build_device_plan: " << std::max(layout_smem, place_smem) << " bytes of shared memory for W=" << s.world
                                     << " and E/EP=" << s.experts_per_rank << " is too much");
