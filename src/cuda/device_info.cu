@@ -5,7 +5,7 @@
 
 namespace comet::cuda {
 
-DeviceInfo query_device_info() {
+DeviceInfo query_device_info(int device) {
   DeviceInfo info;
   cudaError_t err = cudaGetDeviceCount(&info.device_count);
   if (err != cudaSuccess) {
@@ -15,8 +15,12 @@ DeviceInfo query_device_info() {
     return info;
   }
   if (info.device_count == 0) return info;
+  if (device < 0 || device >= info.device_count) {
+    info.error = "device " + std::to_string(device) + " is not among the " + std::to_string(info.device_count) + " visible";
+    return info;
+  }
   cudaDeviceProp prop{};
-  err = cudaGetDeviceProperties(&prop, 0);
+  err = cudaGetDeviceProperties(&prop, device);
   if (err != cudaSuccess) {
     info.error = cudaGetErrorString(err);
     return info;

@@ -8,14 +8,15 @@ namespace comet::cuda {
 
 struct DeviceInfo {
   int device_count = 0;    // 0 when no GPU or no driver
-  std::string name;        // of device 0
-  int num_sms = 0;         // of device 0
+  std::string name;        // of the device asked about
+  int num_sms = 0;         // of the device asked about
   int compute_major = 0;
   int compute_minor = 0;
   std::string error;       // why device_count is 0, if the runtime said
 };
 
-// Never throws: a machine without a GPU is a normal answer.
-DeviceInfo query_device_info();
+// Never throws: a machine without a GPU is a normal answer. `device` outside the visible
+// devices is an error in `error`, with device_count still the count.
+DeviceInfo query_device_info(int device = 0);
 
 }  // namespace comet::cuda

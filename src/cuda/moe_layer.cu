@@ -731,9 +731,12 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     }
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  m.device_info = cuda::query_device_info();
+  // The tuning key's GPU name and SM count, and the layer's grids, from the device of the first
+  // local rank (with one process per GPU, this process's GPU, not device 0).
+  m.device_info = cuda::query_device_info(m.ranks[0].device);
+  COMET_CHECK(m.device_info.error.empty(), "MoeLayer: device " << m.ranks[0].device << ": " << m.device_info.error);
+  m.num_sms = m.device_info.num_sms;
   m.resolve_choices();
-  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, m.ranks[0].device));
 }
 
 void MoeLayer::set_options(const LayerOptions& o) {
