@@ -119,15 +119,19 @@ struct GroupedGemmKernel {
   // Ping-pong turns: two stages (mainloop, epilogue) passed between the two warpgroups.
   using MathOrder = cutlass::OrderedSequenceBarrier<2, 2>;
 
-  struct SharedStorage {
+  struct GemmStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename TileQueue::SharedStorage queue;
     alignas(16) typename MathOrder::SharedStorage math_order;
     int32_t queued_tile[kQueueSlots];
     alignas(16) __nv_bfloat16 stage[kTileM * kStageLd];  // epilogue staging
-    alignas(128) char helper[kHelperSmemBytes > 0 ? kHelperSmemBytes : 16];
   };
+  // The helper's memory exists only in the configurations that set it aside.
+  struct GemmAndHelperStorage : GemmStorage {
+    alignas(128) char helper[kHelperSmemBytes > 0 ? kHelperSmemBytes : 1];
+  };
+  using SharedStorage = std::conditional_t<(kHelperSmemBytes > 0), GemmAndHelperStorage, GemmStorage>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "shared storage exceeds the 227 KiB an sm90 block may use");
 
