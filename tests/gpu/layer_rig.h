@@ -25,8 +25,13 @@ struct LayerRig {
 
   // `on`: the fabric the ranks run on (e.g. fabric::make_local_fabric(W)); null: Loopback.
   explicit LayerRig(const test::LayerCase& lc, std::unique_ptr<fabric::Fabric> on = nullptr)
-      : config(lc.config()),
-        problem(make_problem(config, lc.tokens, lc.spec, lc.seed)),
+      : LayerRig(lc.config(), lc.tokens, lc.spec, lc.seed, std::move(on)) {}
+
+  // A configuration no preset case gives (a model of its own, an unusual topk or hidden size).
+  LayerRig(const LayerConfig& c, const std::vector<int>& tokens, const RoutingSpec& spec, uint64_t seed,
+           std::unique_ptr<fabric::Fabric> on = nullptr)
+      : config(c),
+        problem(make_problem(config, tokens, spec, seed)),
         fabric(on ? std::move(on) : fabric::make_loopback_fabric(config.layout.world)),
         layer(config, *fabric),
         device(config, problem, fabric.get()) {

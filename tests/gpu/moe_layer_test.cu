@@ -251,16 +251,12 @@ TEST(FusedLayer, TopkSixteenBitwiseEqualToUnfused) {
   c.layout = {2, 2, 1};
   c.max_tokens_per_rank = 300;
   c.tiles = {128, 128, 256};
-  const MoeProblem p = make_problem(c, {300, 123}, {RoutingKind::kZipf, 1.5, 0.05}, 31);
-  auto fabric = fabric::make_loopback_fabric(2);
-  MoeLayer layer(c, *fabric);
-  layer.set_weights(p.weights);
-  cuda::DeviceProblem d(c, p);
-  layer.forward(d.tensors(), nullptr);
-  layer.check(nullptr);
-  const auto unfused = d.download_y();
-  EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(p)).within(ref::tolerance_for(DType::kBF16)));
-  expect_fused_equals_unfused(layer, d, unfused, {{1, 1}, {32, 4}}, 1, nullptr);
+  LayerRig rig(c, {300, 123}, {RoutingKind::kZipf, 1.5, 0.05}, 31);
+  rig.layer.forward(rig.device.tensors(), nullptr);
+  rig.layer.check(nullptr);
+  const auto unfused = rig.device.download_y();
+  EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(rig.problem)).within(ref::tolerance_for(DType::kBF16)));
+  expect_fused_equals_unfused(rig.layer, rig.device, unfused, {{1, 1}, {32, 4}}, 1, nullptr);
 }
 
 // With link emulation on too (docs/link_emulation.md): pacing waits are separate from signal
@@ -399,10 +395,8 @@ TEST(MoeLayer, GemmBlockCopiesOfRowsLargerThanTheRingAreRefused) {
   c.layout = {2, 2, 1};
   c.max_tokens_per_rank = 8;
   c.tiles = {128, 128, 256};
-  const MoeProblem p = make_problem(c, {8, 5}, {}, 3);
-  auto fabric = fabric::make_loopback_fabric(2);
-  MoeLayer layer(c, *fabric);
-  layer.set_weights(p.weights);
+  LayerRig rig(c, {8, 5}, {}, 3);
+  MoeLayer& layer = rig.layer;
   LayerOptions o;
   o.path = ForwardPath::kFused;
   o.layer0_copies = Layer0Copies::kGemmBlocks;
@@ -417,10 +411,9 @@ TEST(MoeLayer, GemmBlockCopiesOfRowsLargerThanTheRingAreRefused) {
   layer.set_options(o);
   EXPECT_EQ(layer.layer0_mode().mode, (Layer0Mode{Layer0Copies::kCommBlocks, DispatchOrder::kRows}));
   EXPECT_NE(layer.layer0_mode().source.find("does not fit their ring"), std::string::npos) << layer.layer0_mode().source;
-  cuda::DeviceProblem d(c, p);
-  layer.forward(d.tensors(), nullptr);
+  layer.forward(rig.device.tensors(), nullptr);
   layer.check(nullptr);
-  EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+  EXPECT_TRUE(testing::near_oracle(rig.device.download_y(), ref::oracle_forward(rig.problem)));
 }
 
 TEST(MoeLayer, RefusesConfigurationsItCannotRun) {
