@@ -369,8 +369,14 @@ struct MoeLayer::Impl {
     }
     cuda::build_device_plans(config, args.data(), count, s);
   }
+  // The unfused dispatch (also run_part(kCommunication)) always in ring order, whatever the
+  // layer0 mode: GEMM0 starts after every row is in place, so nothing gains from rows landing in
+  // GEMM0's order, and ring order reads each received token once for all its rows where row
+  // order reads it once per row (over the link, from a peer: qwen3 at EP 2 about 4 times).
   void dispatch(const Rank& k, cudaStream_t s) const {
-    dispatch_kernel<<<num_sms, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 0, Signals::kOff));
+    cuda::FusedCommArgs f = comm_args(k, 0, Signals::kOff);
+    f.dispatch_by_row = false;
+    dispatch_kernel<<<num_sms, 32 * kWarpsPerBlock, 0, s>>>(f);
     COMET_CUDA_CHECK_LAUNCH();
   }
   // The unfused pipeline's GEMMs (also run_part(kGemms), compute-only), LayerOptions::unfused_gemms:
