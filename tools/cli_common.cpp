@@ -98,7 +98,7 @@ void add_layer0_mode_options(CLI::App& app, std::vector<std::string>& copies, st
       ->delimiter(',')
       ->check(CLI::IsMember({"auto", "blocks", "gemm"}));
   app.add_option("--order0", orders,
-                 "order of layer0's dispatch, comma separated list swept: auto (the tuning table's, else ring), "
+                 "order of the fused layer0's dispatch (the unfused one is always ring), comma separated list swept: auto (the tuning table's, else ring), "
                  "ring (by received token, own rows first) or rows (by A row, GEMM0's order; docs/gpu_layer.md)")
       ->delimiter(',')
       ->check(CLI::IsMember({"auto", "ring", "rows"}));

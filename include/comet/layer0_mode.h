@@ -18,7 +18,8 @@ enum class Layer0Copies {
   kGemmBlocks,
 };
 
-// The order of layer0's dispatch, fused and unfused alike.
+// The order of the fused layer0's dispatch. The unfused dispatch always runs kRing: its GEMM0
+// starts after every row is in place, and kRing reads each token once.
 enum class DispatchOrder {
   kRing,  // by received token in ring order (own rows first); a token is read once for all its rows
   // By A row, expert-major: GEMM0's tile order with one stage, so the fused GEMM0 can start on
