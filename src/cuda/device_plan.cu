@@ -91,6 +91,7 @@ struct SlotIds {
   __device__ __forceinline__ int get(int k) const { return int(packed[k / 2] >> (16 * (k % 2)) & 0xffffu) - 1; }
 };
 static_assert(kMaxTopk % 2 == 0);
+inline constexpr int kSlotIdCount = 0xffff;  // ids 0 .. 0xfffe fit (id + 1 in 16 bits)
 
 // Up to kPlanBatch ranks' plans in one launch (virtual ranks on one GPU plan concurrently).
 constexpr int kPlanBatch = 8;
@@ -605,6 +606,9 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
   COMET_CHECK(layout_smem <= 200 * 1024 && place_smem <= 200 * 1024,
               "build_device_plan: " << std::max(layout_smem, place_smem) << " bytes of shared memory for W=" << s.world
                                     << " and E/EP=" << s.experts_per_rank << " is too much");
+  // Implied by the shared-memory bound (68 bytes per local expert), stated for SlotIds.
+  COMET_CHECK(s.experts_per_rank <= kSlotIdCount,
+              "build_device_plan: " << s.experts_per_rank << " experts per rank, at most " << kSlotIdCount);
   COMET_CUDA_CHECK(
       cudaFuncSetAttribute(device_plan_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(count_smem)));
   COMET_CUDA_CHECK(
