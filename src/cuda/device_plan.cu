@@ -13,7 +13,8 @@
 //   (stable counting sort: warp matches and per-key scans), both GEMM tile lists, the epochs.
 // Placing kernel, one block per (rank, ring position, chunk): the chunk's tokens get consecutive
 //   slots (block scan) and each (token, slot) its row (per warp, a mask of the lanes holding each
-//   expert, from shared atomics) on top of the chunk's bases; the own chunks also write their send positions (a block scan per EP group).
+//   expert, from shared atomics) on top of the chunk's bases; the own chunks also write their
+//   send positions (a block scan per EP group).
 //   With DevicePlanArgs::combine_peers, a token with a single local row gives that row its
 //   owner's combine_recv row (row_combine: GEMM1's epilogue stores it there) and the others go
 //   to the combine list (a block scan on top of the chunk's list base); without, every token is
@@ -106,7 +107,8 @@ struct PlanBatch {
 // repeated within a token), chunk_list_base[pos][ch] (tokens the combine moves: with
 // combine_peers those with two or more local rows, else every token with one). Every block
 // writes its counts, also with no tokens in its chunk.
-__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm) device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
+    device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
   const int ch = int(blockIdx.x), pos = int(blockIdx.y), tid = threadIdx.x;
@@ -416,8 +418,8 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
 // tokens get consecutive slots from chunk_slot_base (block scan), each (token, slot) its row:
 // the expert's chunk base, plus the earlier warps' count, plus its rank in the warp. Chunks of
 // the own tokens (ring position 0) also write the send positions to every destination.
-__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm) device_plan_place_kernel(PlanShape s,
-                                                                          const __grid_constant__ PlanBatch batch) {
+__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
+    device_plan_place_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
   const int ch = int(blockIdx.x), pos = int(blockIdx.y);
