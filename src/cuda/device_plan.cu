@@ -44,14 +44,21 @@ namespace {
 // 1024-token chunks gave each rank only 8 blocks, and qwen3's placing kernel took 69 us.
 constexpr int kChunkTokens = 256;
 constexpr int kChunkWarps = kChunkTokens / 32;
+constexpr int kMaxTopk = 16;
+// Every preset routes a token to at most 8 experts: the counting kernel has an instantiation
+// that holds only that many slots in registers.
+constexpr int kFewSlots = 8;
 // Both chunk kernels are bound by load latency, so blocks per SM matter: 6 blocks of 256
-// threads (40 registers) fit each one without spilling.
+// threads (40 registers) fit each one without spilling; the counting kernel for up to
+// kFewSlots slots per token fits 8 (32 registers), so with 8 ranks on one GPU (W x W x 16
+// chunks = 1024 blocks) it runs in one wave. The placing kernel spills below 40 registers.
 constexpr int kChunkBlocksPerSm = 6;
+template <int kSlots>
+constexpr int kCountBlocksPerSm = kSlots <= kFewSlots ? 8 : kChunkBlocksPerSm;
 using ChunkScan = cub::BlockScan<int, kChunkTokens>;
 // The layout kernel: one block per rank.
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxTopk = 16;
 constexpr unsigned kFullWarp = 0xffffffffu;
 using BlockScan = cub::BlockScan<int, kThreads>;
 
@@ -86,12 +93,12 @@ __device__ __forceinline__ void warp_count(int* counter, int key) {
 // A token's local expert per slot (-1: none), 16 bits each, two slots per register; indexed
 // by unrolled loops only (constant k), so it stays in registers: the placing kernel fits 40
 // registers without spilling.
+static_assert(kMaxTopk % 2 == 0);
 struct SlotIds {
   uint32_t packed[kMaxTopk / 2] = {};  // slot k: id + 1 in bits 16 (k % 2) ..
   __device__ __forceinline__ void set(int k, int id) { packed[k / 2] |= uint32_t(id + 1) << (16 * (k % 2)); }
   __device__ __forceinline__ int get(int k) const { return int(packed[k / 2] >> (16 * (k % 2)) & 0xffffu) - 1; }
 };
-static_assert(kMaxTopk % 2 == 0);
 inline constexpr int kSlotIdCount = 0xffff;  // ids 0 .. 0xfffe fit (id + 1 in 16 bits)
 
 // Up to kPlanBatch ranks' plans in one launch (virtual ranks on one GPU plan concurrently).
@@ -107,7 +114,8 @@ struct PlanBatch {
 // repeated within a token), chunk_list_base[pos][ch] (tokens the combine moves: with
 // combine_peers those with two or more local rows, else every token with one). Every block
 // writes its counts, also with no tokens in its chunk.
-__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
+template <int kSlots>
+__global__ void __launch_bounds__(kChunkTokens, kCountBlocksPerSm<kSlots>)
     device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
@@ -122,15 +130,15 @@ __global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
   const int T = published_tokens(a, s, src, ch == 0 && tid == 0);
   const int t = ch * kChunkTokens + tid;
   const int32_t* ids = a.route_ids[src] + size_t(t) * K;
-  // Slot loops run to kMaxTopk, unrolled, guarded by k < K (uniform over the block): e[] stays
-  // in registers (a loop to the runtime K indexes it, which puts it in local memory).
-  int e[kMaxTopk];
+  // Slot loops run to kSlots (>= K), unrolled, guarded by k < K (uniform over the block): e[]
+  // stays in registers (a loop to the runtime K indexes it, which puts it in local memory).
+  int e[kSlots];
 #pragma unroll
-  for (int k = 0; k < kMaxTopk; ++k) e[k] = k < K && t < T ? ids[k] : -1;  // one read of the token's slots
+  for (int k = 0; k < kSlots; ++k) e[k] = k < K && t < T ? ids[k] : -1;  // one read of the token's slots
   bool mine = false, repeated = false;
   int local_rows = 0;
 #pragma unroll
-  for (int k = 0; k < kMaxTopk; ++k) {
+  for (int k = 0; k < kSlots; ++k) {
     if (k >= K) break;
     if (e[k] < -1 || e[k] >= s.num_experts) {
       record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(e[k])));
@@ -590,6 +598,34 @@ DevicePlanView DevicePlanLayout::view(void* base) const {
           reinterpret_cast<RowCombine*>(at(21)), reinterpret_cast<int32_t*>(at(22)), reinterpret_cast<int32_t*>(at(23))};
 }
 
+namespace {
+
+// The chunk kernels in the instantiation for up to kSlots slots per token, then the layout.
+template <int kSlots>
+void launch_plan_kernels(const PlanShape& s, const DevicePlanArgs* args, int count, size_t count_smem,
+                         size_t layout_smem, size_t place_smem, CUstream_st* stream) {
+  COMET_CUDA_CHECK(
+      cudaFuncSetAttribute(device_plan_count_kernel<kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(count_smem)));
+  COMET_CUDA_CHECK(
+      cudaFuncSetAttribute(device_plan_layout_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(layout_smem)));
+  COMET_CUDA_CHECK(
+      cudaFuncSetAttribute(device_plan_place_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(place_smem)));
+  for (int first = 0; first < count; first += kPlanBatch) {
+    PlanBatch batch{};
+    const int n = std::min(kPlanBatch, count - first);
+    std::copy(args + first, args + first + n, batch.ranks);
+    const dim3 chunks(s.chunks, s.world, n);
+    device_plan_count_kernel<kSlots><<<chunks, kChunkTokens, count_smem, stream>>>(s, batch);
+    COMET_CUDA_CHECK_LAUNCH();
+    device_plan_layout_kernel<<<n, kThreads, layout_smem, stream>>>(s, batch);
+    COMET_CUDA_CHECK_LAUNCH();
+    device_plan_place_kernel<<<chunks, kChunkTokens, place_smem, stream>>>(s, batch);
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream) {
   const PlanShape s = plan_shape(config);
   for (int i = 0; i < count; ++i) {
@@ -611,24 +647,10 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
   // Implied by the shared-memory bound (68 bytes per local expert), stated for SlotIds.
   COMET_CHECK(s.experts_per_rank <= kSlotIdCount,
               "build_device_plan: " << s.experts_per_rank << " experts per rank, at most " << kSlotIdCount);
-  COMET_CUDA_CHECK(
-      cudaFuncSetAttribute(device_plan_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(count_smem)));
-  COMET_CUDA_CHECK(
-      cudaFuncSetAttribute(device_plan_layout_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(layout_smem)));
-  COMET_CUDA_CHECK(
-      cudaFuncSetAttribute(device_plan_place_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(place_smem)));
-  for (int first = 0; first < count; first += kPlanBatch) {
-    PlanBatch batch{};
-    const int n = std::min(kPlanBatch, count - first);
-    std::copy(args + first, args + first + n, batch.ranks);
-    const dim3 chunks(s.chunks, s.world, n);
-    device_plan_count_kernel<<<chunks, kChunkTokens, count_smem, stream>>>(s, batch);
-    COMET_CUDA_CHECK_LAUNCH();
-    device_plan_layout_kernel<<<n, kThreads, layout_smem, stream>>>(s, batch);
-    COMET_CUDA_CHECK_LAUNCH();
-    device_plan_place_kernel<<<chunks, kChunkTokens, place_smem, stream>>>(s, batch);
-    COMET_CUDA_CHECK_LAUNCH();
-  }
+  if (s.topk <= kFewSlots)
+    launch_plan_kernels<kFewSlots>(s, args, count, count_smem, layout_smem, place_smem, stream);
+  else
+    launch_plan_kernels<kMaxTopk>(s, args, count, count_smem, layout_smem, place_smem, stream);
 }
 
 void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream) {
