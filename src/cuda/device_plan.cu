@@ -10,11 +10,12 @@
 // Layout kernel, one block per rank, from those counts alone: the chunks' prefix sums (their
 //   bases), expert segments (padded to 128 rows) and the row base of each (ring position,
 //   expert), received-token prefix sums, M tiles and their last ring position, the layer0 order
-//   (stable counting sort: warp matches and per-key scans), both GEMM tile lists, the epochs.
+//   (stable counting sort: warp matches and per-key scans), the epochs.
 // Placing kernel, one block per (rank, ring position, chunk): the chunk's tokens get consecutive
 //   slots (block scan) and each (token, slot) its row (per warp, a mask of the lanes holding each
 //   expert, from shared atomics) on top of the chunk's bases; the own chunks also write their
-//   send positions (a block scan per EP group).
+//   send positions (a block scan per EP group). All the rank's blocks share the two GEMM tile
+//   lists (a tile per thread).
 //   With DevicePlanArgs::combine_peers, a token with a single local row gives that row its
 //   owner's combine_recv row (row_combine: GEMM1's epilogue stores it there) and the others go
 //   to the combine list (a block scan on top of the chunk's list base); without, every token is
@@ -67,6 +68,12 @@ struct PlanShape {
   int chunks;  // token chunks per source: ceil(t_max / kChunkTokens)
   int64_t max_rows, max_m_tiles;
   int n_blocks0, n_blocks1;
+  // id / experts_per_rank as a multiplication, the high word of id * group_magic (0: one expert
+  // per rank, the group is the id), exact for every id in [0, num_experts) since num_experts *
+  // experts_per_rank < 2^32 (checked on the host). An integer division is some twenty
+  // instructions, and the chunk kernels did several per slot.
+  uint32_t group_magic;
+  __device__ int group_of(int id) const { return group_magic ? int(__umulhi(uint32_t(id), group_magic)) : id; }
 };
 
 __device__ void record_input_error(DeviceError* error, int rank, WaitRole role, int src, uint64_t bound,
@@ -135,31 +142,50 @@ __global__ void __launch_bounds__(kChunkTokens, kCountBlocksPerSm<kSlots>)
   int e[kSlots];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) e[k] = k < K && t < T ? ids[k] : -1;  // one read of the token's slots
-  bool mine = false, repeated = false;
+  // Each slot as (EP group << 16) | local expert (-1: masked): one division per slot, and equal
+  // values are equal experts. An id out of range is masked, as the placing kernel masks it.
+  int bad_id = -1;
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int id = e[k];
+    const bool bad = k < K && (id < -1 || id >= s.num_experts);
+    bad_id = bad ? id : bad_id;
+    const int g = s.group_of(id);
+    e[k] = k < K && id >= 0 && !bad ? (g << 16) | (id - g * E) : -1;
+  }
+  // Every rank checks every token (not only its own experts), so all refuse together.
+  bool repeated = false;
+#pragma unroll
+  for (int k = 1; k < kSlots; ++k)
+#pragma unroll
+    for (int j = 0; j < k; ++j) repeated |= k < K && e[k] >= 0 && e[j] == e[k];
+  bool mine = false;
   int local_rows = 0;
+  uint64_t groups_seen = 0;  // bit g: an earlier slot of the token is in EP group g
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
     if (k >= K) break;
-    if (e[k] < -1 || e[k] >= s.num_experts) {
-      record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(e[k])));
-      e[k] = -1;  // masked, as the placing kernel masks it
-    }
-    // Every rank checks every token (not only its own experts), so all refuse together.
-    for (int j = 0; j < k; ++j)
-      if (e[k] >= 0 && e[j] == e[k]) {
-        record_input_error(a.error, r, WaitRole::kRepeatedExpert, src, uint64_t(s.num_experts), uint64_t(e[k]));
-        repeated = true;
-      }
-    const bool local = e[k] >= 0 && e[k] / E == my_ep;
+    const int g = e[k] >> 16;  // -1 for a masked slot
+    const bool local = e[k] >= 0 && g == my_ep;
     mine |= local;
     local_rows += local;
-    warp_count(rows, local ? e[k] % E : -1);
-    if (pos == 0) {  // the token goes to group e / E once, at its first slot there
-      bool first = e[k] >= 0;
-      for (int j = 0; j < k && first; ++j) first = e[j] < 0 || e[j] / E != e[k] / E;
-      warp_count(group_tokens, first ? e[k] / E : -1);
+    warp_count(rows, local ? e[k] & 0xffff : -1);
+    if (pos == 0) {  // the token goes to group g once, at its first slot there
+      const bool first = e[k] >= 0 && (groups_seen >> g & 1u) == 0;
+      if (e[k] >= 0) groups_seen |= uint64_t(1) << g;
+      warp_count(group_tokens, first ? g : -1);
     }
   }
+  // The errors, off the slot loops (rare): the last bad id, the first repeated expert.
+  if (bad_id != -1) record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(bad_id)));
+  if (repeated)
+    for (int k = 1; k < K; ++k)
+      for (int j = 0; j < k; ++j)
+        if (ids[k] >= 0 && ids[k] < s.num_experts && ids[j] == ids[k]) {
+          record_input_error(a.error, r, WaitRole::kRepeatedExpert, src, uint64_t(s.num_experts), uint64_t(ids[k]));
+          k = K;
+          break;
+        }
   const int received = __syncthreads_count(mine);
   const int listed = __syncthreads_count(combine_lists(local_rows, a.combine_peers != nullptr));
   const int any_repeated = __syncthreads_or(repeated);
@@ -318,8 +344,8 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   }
 
   // Chunk bases made absolute: the source's row base per expert, the source's first slot.
-  for (int64_t i = tid; i < int64_t(W) * C * E; i += kThreads) {
-    const int pos = int(i / (int64_t(C) * E)), e = int(i % E);
+  for (int i = tid; i < W * C * E; i += kThreads) {
+    const int pos = i / (C * E), e = i % E;
     plan.chunk_row_base[i] += sm.base[pos * E + e];
   }
   for (int i = tid; i < W * C; i += kThreads) {
@@ -395,18 +421,6 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     __syncthreads();  // warp_cnt is zeroed again for the next chunk
   }
 
-  // GEMM tile lists (layer0 groups follow the layer0 order).
-  for (int64_t i = tid; i < int64_t(num_m) * s.n_blocks0; i += kThreads) {
-    int q, n;
-    raster_tile(TileOrder::kRowMajor, a.layer0_group_m, i, num_m, s.n_blocks0, q, n);
-    const int m = plan.layer0_order[q];
-    plan.tiles0[i] = GemmTile{m * kGemmBlockM, n, expert_of(m), m};
-  }
-  for (int64_t i = tid; i < int64_t(num_m) * s.n_blocks1; i += kThreads) {
-    int m, n;
-    raster_tile(TileOrder::kColumnBlockMajor, kRasterGroupN, i, num_m, s.n_blocks1, m, n);
-    plan.tiles1[i] = GemmTile{m * kGemmBlockM, n, expert_of(m), m};
-  }
   // Epoch targets of this call (docs/protocol.md): each counter rises by exactly the expected
   // count, so target = what earlier calls delivered + this call's expectation.
   if (a.combine_claims != nullptr && tid == 0) *a.combine_claims = 0;
@@ -422,19 +436,40 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
   }
 }
 
+// The GEMM tile lists from the layout (layer0's groups follow the layer0 order), by thread
+// `thread` of `threads`: the placing kernel's blocks share them, since one block (the layout
+// kernel) would take a tile per thread and step, thousands of tiles.
+__device__ void write_tile_lists(const DevicePlanArgs& a, const PlanShape& s, int thread, int threads) {
+  const DevicePlanView& plan = a.plan;
+  const int num_m = plan.counts[0], E = s.experts_per_rank;
+  // expert_offset[e] = 128 x the M tiles before expert e: the largest e with expert_offset[e]
+  // <= 128 m holds M tile m.
+  auto expert_of = [&](int m) { return find_range(plan.expert_offset, E, int64_t(m) * kGemmBlockM); };
+#pragma unroll 1
+  for (int i = thread; i < num_m * s.n_blocks0; i += threads) {
+    int q, n;
+    raster_tile(TileOrder::kRowMajor, a.layer0_group_m, i, num_m, s.n_blocks0, q, n);
+    const int m = plan.layer0_order[q];
+    plan.tiles0[i] = GemmTile{m * kGemmBlockM, n, expert_of(m), m};
+  }
+#pragma unroll 1
+  for (int i = thread; i < num_m * s.n_blocks1; i += threads) {
+    int m, n;
+    raster_tile(TileOrder::kColumnBlockMajor, kRasterGroupN, i, num_m, s.n_blocks1, m, n);
+    plan.tiles1[i] = GemmTile{m * kGemmBlockM, n, expert_of(m), m};
+  }
+}
+
 // Chunk blockIdx.x of ring position blockIdx.y of rank batch.ranks[blockIdx.z]: the chunk's
 // tokens get consecutive slots from chunk_slot_base (block scan), each (token, slot) its row:
 // the expert's chunk base, plus the earlier warps' count, plus its rank in the warp. Chunks of
 // the own tokens (ring position 0) also write the send positions to every destination.
-__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
-    device_plan_place_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
-  const DevicePlanArgs& a = batch.ranks[blockIdx.z];
+__device__ __forceinline__ void place_chunk(const PlanShape& s, const DevicePlanArgs& a) {
   const DevicePlanView& plan = a.plan;
   const int ch = int(blockIdx.x), pos = int(blockIdx.y);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int W = s.world, E = s.experts_per_rank, K = s.topk, R = s.rows_per_token;
   const int r = a.rank, my_ep = r / s.tp, src = (r + pos) % W;
-  if (plan.counts[2] == 0) return;  // a refused plan places nothing (the counting kernels said why)
   const int T = published_tokens(a, s, src, false);
   if (ch * kChunkTokens >= T) return;
   extern __shared__ int smem_raw[];
@@ -456,11 +491,14 @@ __global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
   for (int k = 0; k < kMaxTopk; ++k) {
     const int e = k < K && t < T ? ids[size_t(t) * K + k] : -1;  // bad ids were reported by the counting kernel
     const bool valid = e >= 0 && e < s.num_experts;
-    if (valid && e / E == my_ep) {
-      lk.set(k, e % E);
-      ++local_rows;
+    if (valid) {
+      const int g = s.group_of(e);
+      if (g == my_ep) {
+        lk.set(k, e - g * E);
+        ++local_rows;
+      }
+      groups |= uint64_t(1) << g;
     }
-    if (valid) groups |= uint64_t(1) << (e / E);
   }
   const int mine = local_rows > 0;
   const bool singles = a.combine_peers != nullptr;  // single-row tokens go to GEMM1's epilogue
@@ -534,6 +572,16 @@ __global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
   }
 }
 
+__global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
+    device_plan_place_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+  const DevicePlanArgs& a = batch.ranks[blockIdx.z];
+  if (a.plan.counts[2] == 0) return;  // a refused plan places nothing (the counting kernels said why)
+  place_chunk(s, a);
+  // After the chunk (fewer registers live): every block, also one past the source's tokens.
+  write_tile_lists(a, s, int(blockIdx.y * gridDim.x + blockIdx.x) * kChunkTokens + int(threadIdx.x),
+                   int(gridDim.x * gridDim.y) * kChunkTokens);
+}
+
 PlanShape plan_shape(const LayerConfig& c) {
   const DevicePlanLayout layout(c);
   PlanShape s;
@@ -551,6 +599,7 @@ PlanShape plan_shape(const LayerConfig& c) {
   s.n_blocks0 = int(layout.n_blocks0);
   s.n_blocks1 = int(layout.n_blocks1);
   s.chunks = (s.t_max + kChunkTokens - 1) / kChunkTokens;
+  s.group_magic = s.experts_per_rank == 1 ? 0u : uint32_t((uint64_t(1) << 32) / uint64_t(s.experts_per_rank) + 1);
   return s;
 }
 
@@ -647,6 +696,16 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
   // Implied by the shared-memory bound (68 bytes per local expert), stated for SlotIds.
   COMET_CHECK(s.experts_per_rank <= kSlotIdCount,
               "build_device_plan: " << s.experts_per_rank << " experts per rank, at most " << kSlotIdCount);
+  // The layout kernel indexes the chunk counts and the tile lists in 32 bits.
+  COMET_CHECK(int64_t(s.world) * s.chunks * s.experts_per_rank < INT32_MAX &&
+                  s.max_m_tiles * std::max(s.n_blocks0, s.n_blocks1) < INT32_MAX,
+              "build_device_plan: T_max " << s.t_max << " with W=" << s.world << " and E/EP=" << s.experts_per_rank
+                                          << " is too large for the device plan's 32-bit indices");
+  // PlanShape::group_of is exact below this bound (and the counting kernel's packed slots need
+  // local experts below 2^16).
+  COMET_CHECK(int64_t(s.num_experts) * s.experts_per_rank < (int64_t(1) << 32),
+              "build_device_plan: " << s.num_experts << " experts x " << s.experts_per_rank
+                                    << " per rank is too many (their product must stay below 2^32)");
   if (s.topk <= kFewSlots)
     launch_plan_kernels<kFewSlots>(s, args, count, count_smem, layout_smem, place_smem, stream);
   else

@@ -2,6 +2,8 @@
 // (TileOrder), shared by the tile-list builder, the device plan kernel and host tests.
 #pragma once
 
+#include <cstdint>
+
 #include "cuda/grouped_gemm.h"
 #include "cuda/host_device.h"
 
@@ -9,10 +11,19 @@ namespace comet::cuda {
 
 // One grouped walk of a grid: groups of `group` along the grouped dimension (the last group may
 // be smaller); inside a group the other dimension outer, the grouped one inner.
+// Grids of fewer than 2^31 tiles (every layer's) divide in 32 bits: a 64-bit division is a
+// long instruction sequence on the GPU, and the device plan rasters thousands of tiles.
 COMET_HOST_DEVICE inline void raster_grouped(int group, int64_t i, int grouped_total, int other_total, int& grouped,
                                              int& other) {
   const int64_t group_tiles = int64_t(group) * other_total;
-  const int g = int(i / group_tiles), within = int(i % group_tiles);
+  int g, within;
+  if (i <= INT32_MAX && group_tiles <= INT32_MAX) {
+    g = int(i) / int(group_tiles);
+    within = int(i) - g * int(group_tiles);
+  } else {
+    g = int(i / group_tiles);
+    within = int(i % group_tiles);
+  }
   const int rest = grouped_total - g * group;
   const int size = rest < group ? rest : group;
   other = within / size;
