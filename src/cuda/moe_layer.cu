@@ -137,7 +137,7 @@ struct MoeLayer::Impl {
   //   waits0  [MT * NB0]  layer0 GEMM producer waits, slot = tile index
   //   tiles1  [MT * NB1]  layer1 GEMM tiles
   //   chunks0 [C0]        layer0 communication records, C = trace_chunk_capacity() of the plan's
-  //   chunks1 [C1]        bounds (W * T_max slots, every warp of the grid), or the option
+  //   chunks1 [C1]        bounds (W * T_max slots or M tiles x 128 rows, every warp of the grid), or the option
   //   counts  unsigned [2] in one more record: chunk records claimed by each layer
   struct TraceBuffers {
     int64_t tiles0 = 0, tiles1 = 0, chunks0 = 0, chunks1 = 0;
@@ -591,8 +591,10 @@ struct MoeLayer::Impl {
     TraceBuffers want;
     want.tiles0 = mt * plan_layout.n_blocks0;
     want.tiles1 = mt * plan_layout.n_blocks1;
+    // Layer0's items are received tokens, or A rows (padding included) in DispatchOrder::kRows.
+    const int64_t items0 = std::max(slots, mt * cuda::kGemmBlockM);
     want.chunks0 = options.trace_chunk_capacity > 0 ? options.trace_chunk_capacity
-                                                    : cuda::trace_chunk_capacity(0, slots, groups, warps);
+                                                    : cuda::trace_chunk_capacity(0, items0, groups, warps);
     want.chunks1 = options.trace_chunk_capacity > 0 ? options.trace_chunk_capacity
                                                     : cuda::trace_chunk_capacity(1, slots, groups, warps);
     if (trace.base.empty() || want.tiles0 != trace.tiles0 || want.tiles1 != trace.tiles1 ||

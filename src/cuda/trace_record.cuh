@@ -27,12 +27,14 @@ namespace comet::cuda {
 inline constexpr int kTraceChunkItems = 8;  // items per communication chunk record
 inline constexpr int kTraceWarpsPerBlock = 12;  // warps of a fused kernel's block (384 threads)
 
-// Chunk records one kernel can claim, from the plan's bounds: `max_slots` received tokens
-// (W * T_max), `groups` layer1 column groups, `warps` warps that may record (the whole grid).
-// A warp's items only grow (static stride in layer0, claims from one counter in layer1), so it
-// changes column group at most `groups` times; each change cuts a chunk and records a wait.
-__host__ __device__ inline int64_t trace_chunk_capacity(int layer, int64_t max_slots, int groups, int64_t warps) {
-  const int64_t items = layer == 0 ? max_slots : max_slots * groups;
+// Chunk records one kernel can claim, from the plan's bounds: `max_items` the most items of one
+// kernel (layer0: received tokens, W * T_max, or with DispatchOrder::kRows A rows, M tiles x
+// 128; layer1: received tokens, each once per column group), `groups` layer1 column groups,
+// `warps` warps that may record (the whole grid). A warp's items only grow (static stride in
+// layer0, claims from one counter in layer1), so it changes column group at most `groups` times;
+// each change cuts a chunk and records a wait.
+__host__ __device__ inline int64_t trace_chunk_capacity(int layer, int64_t max_items, int groups, int64_t warps) {
+  const int64_t items = layer == 0 ? max_items : max_items * groups;
   const int64_t per_warp = layer == 0 ? 1 : 2 * int64_t(groups) + 1;
   return (items + kTraceChunkItems - 1) / kTraceChunkItems + warps * per_warp;
 }

@@ -140,9 +140,10 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
   }
   for (int r = 0; r < W; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    // Received tokens; the combine moves those with two or more rows here (the others' only
-    // row went to its owner from GEMM1's epilogue: LayerOptions::epilogue_combine, on).
-    int64_t received = 0, combined = 0;
+    // Received tokens (layer0's items in ring order; in row order its items are the A rows);
+    // the combine moves those with two or more rows here (the others' only row went to its
+    // owner from GEMM1's epilogue: LayerOptions::epilogue_combine, on).
+    int64_t received = 0, combined = 0, a_rows = 0;
     std::vector<int> rows;
     for (int src = 0; src < W; ++src) {
       received += plan.send_count(src, r);
@@ -150,8 +151,10 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
         rows.clear();
         plan.rows_of_sent_token(src, r, i, rows);
         combined += rows.size() >= 2;
+        a_rows += int64_t(rows.size());
       }
     }
+    const int64_t items0 = layer.layer0_mode().mode.order == DispatchOrder::kRows ? a_rows : received;
     const int64_t tiles0 = int64_t(build_layer0_schedule(c, plan, r).m_tiles.size()) *
                            build_layer0_schedule(c, plan, r).num_n_blocks;
     const int64_t tiles1 = build_layer1_schedule(c, plan, r).num_tiles();
@@ -164,7 +167,7 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
         EXPECT_EQ(seen, 1) << "layer" << layer << " tile " << id;
         EXPECT_LT(id, want);
       }
-      EXPECT_EQ(k.items, layer == 0 ? received : combined * groups) << "layer" << layer << " items moved";
+      EXPECT_EQ(k.items, layer == 0 ? items0 : combined * groups) << "layer" << layer << " items moved";
     }
   }
   // Kernels run one after another on the stream: L0 of ranks 0..W-1, then L1 of ranks 0..W-1.
@@ -183,12 +186,19 @@ TEST_P(LayerTraceTest, EveryTileOnceCommOnCommBlocksBitwiseEqualToUntraced) {
   Rig rig(GetParam());
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (auto [n0, n1] : {std::pair{16, 4}, {1, 1}}) {
-    SCOPED_TRACE("n_comm " + std::to_string(n0) + "/" + std::to_string(n1));
+  // The row order's layer0 items are A rows, several per token: its records must fit too.
+  struct Variant {
+    int n0, n1;
+    DispatchOrder order;
+  };
+  for (const Variant v : {Variant{16, 4, DispatchOrder::kRing}, {1, 1, DispatchOrder::kRing}, {16, 4, DispatchOrder::kRows}}) {
+    SCOPED_TRACE("n_comm " + std::to_string(v.n0) + "/" + std::to_string(v.n1) + ", " + dispatch_order_name(v.order));
     LayerOptions o;
     o.path = ForwardPath::kFused;
-    o.n_comm0 = n0;
-    o.n_comm1 = n1;
+    o.n_comm0 = v.n0;
+    o.n_comm1 = v.n1;
+    o.layer0_copies = Layer0Copies::kCommBlocks;
+    o.dispatch_order = v.order;
     const auto untraced = rig.forward(o, stream);
     EXPECT_THROW(rig.layer.read_trace(stream), Error);  // the last forward was not traced
     o.trace = true;
