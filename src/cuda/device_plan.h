@@ -144,9 +144,9 @@ struct DevicePlanArgs {
 };
 
 // Launches the plan kernels of one rank (asynchronous on `stream`): one block per (source, token
-// chunk) counts the chunk's rows per expert; one block lays out segments and tiles from those
-// counts; then one block per (source, chunk) places that chunk's tokens and rows, and the own
-// chunks their send positions (device_plan.cu).
+// chunk) counts the chunk's rows per expert; one block lays out segments and M tiles from those
+// counts; then one block per (source, chunk) places that chunk's tokens and rows, the own chunks
+// their send positions, and all of them the GEMM tile lists (device_plan.cu).
 void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream);
 // The plans of `count` ranks of one device, several per launch (the ranks' plans are
 // independent: each only reads the published routing).
