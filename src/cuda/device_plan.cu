@@ -32,6 +32,7 @@
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
 #include "cuda/device_plan.h"
+#include "cuda/expert_group.h"
 #include "cuda/gemm_schedule.h"
 #include "cuda/signal.cuh"
 #include "cuda/tile_raster.h"
@@ -68,12 +69,8 @@ struct PlanShape {
   int chunks;  // token chunks per source: ceil(t_max / kChunkTokens)
   int64_t max_rows, max_m_tiles;
   int n_blocks0, n_blocks1;
-  // id / experts_per_rank as a multiplication, the high word of id * group_magic (0: one expert
-  // per rank, the group is the id), exact for every id in [0, num_experts) since num_experts *
-  // experts_per_rank < 2^32 (checked on the host). An integer division is some twenty
-  // instructions, and the chunk kernels did several per slot.
-  uint32_t group_magic;
-  __device__ int group_of(int id) const { return group_magic ? int(__umulhi(uint32_t(id), group_magic)) : id; }
+  // id / experts_per_rank without a division (cuda/expert_group.h; exactness checked on the host).
+  ExpertGroupOf group_of;
 };
 
 __device__ void record_input_error(DeviceError* error, int rank, WaitRole role, int src, uint64_t bound,
@@ -599,7 +596,7 @@ PlanShape plan_shape(const LayerConfig& c) {
   s.n_blocks0 = int(layout.n_blocks0);
   s.n_blocks1 = int(layout.n_blocks1);
   s.chunks = (s.t_max + kChunkTokens - 1) / kChunkTokens;
-  s.group_magic = s.experts_per_rank == 1 ? 0u : uint32_t((uint64_t(1) << 32) / uint64_t(s.experts_per_rank) + 1);
+  s.group_of = ExpertGroupOf::for_experts_per_rank(s.experts_per_rank);
   return s;
 }
 
@@ -701,9 +698,9 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
                   s.max_m_tiles * std::max(s.n_blocks0, s.n_blocks1) < INT32_MAX,
               "build_device_plan: T_max " << s.t_max << " with W=" << s.world << " and E/EP=" << s.experts_per_rank
                                           << " is too large for the device plan's 32-bit indices");
-  // PlanShape::group_of is exact below this bound (and the counting kernel's packed slots need
-  // local experts below 2^16).
-  COMET_CHECK(int64_t(s.num_experts) * s.experts_per_rank < (int64_t(1) << 32),
+  // PlanShape::group_of is exact below this bound (the counting kernel's packed slots also need
+  // local experts below 2^16: kSlotIdCount above).
+  COMET_CHECK(ExpertGroupOf::exact_below(s.num_experts, s.experts_per_rank),
               "build_device_plan: " << s.num_experts << " experts x " << s.experts_per_rank
                                     << " per rank is too many (their product must stay below 2^32)");
   if (s.topk <= kFewSlots)
