@@ -52,10 +52,8 @@ TEST(ExpertGroup, TheBoundAdmitsThePresetsAndRefusesTheOverflow) {
   // Past the bound the multiplication is wrong: E = 2^16 (magic 2^16 + 1), id = 2^17 - 1 is 1.99998 E
   // but its product with the magic reaches 2^33.
   const ExpertGroupOf big = ExpertGroupOf::for_experts_per_rank(1 << 16);
-  EXPECT_EQ(last_exact_id(1 << 16), 65535);
-  EXPECT_EQ((1 << 17) - 1, 131071);
-  EXPECT_EQ(131071 / 65536, 1);
-  EXPECT_EQ(big(131071), 2) << "the bound would not be needed";
+  ASSERT_GT(131071, last_exact_id(1 << 16));  // past the bound
+  EXPECT_NE(big(131071), 131071 / 65536) << "the bound would not be needed";
 }
 
 }  // namespace
