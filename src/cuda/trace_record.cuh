@@ -8,7 +8,9 @@
 //               a comm chunk  lane 0 of a communication warp, per kTraceChunkItems items of
 //                             that warp (layer0: received slots, i.e. tokens pulled; layer1:
 //                             combine items, i.e. (column group, token) partial rows pushed),
-//                             cut early before a wait and at the end
+//                             cut early before a wait and at the end; a layer0 warp opens its
+//                             kDispatchTokens items together, so its chunks may hold up to
+//                             kDispatchTokens - 1 more (a padding row of the row order is no item)
 //               a comm wait   lane 0 of a layer1 warp, around its wait for a column group
 // Cost when off: each site tests a pointer of the kernel parameters (null) and does nothing else,
 // no timer reads, no stores, no registers kept. When on: one thread per record, a few stores, and
