@@ -150,12 +150,17 @@ __global__ void __launch_bounds__(kChunkTokens, kCountBlocksPerSm<kSlots>)
     const int g = s.group_of(id);
     e[k] = k < K && id >= 0 && !bad ? (g << 16) | (id - g * E) : -1;
   }
-  // Every rank checks every token (not only its own experts), so all refuse together.
-  bool repeated = false;
+  // The token's first repeated expert, packed as e[] (-1: none): the lowest slot k equal to an
+  // earlier one, found last. Every rank checks every token (not only its own experts), so all
+  // refuse together.
+  int repeated = -1;
 #pragma unroll
-  for (int k = 1; k < kSlots; ++k)
+  for (int k = kSlots - 1; k >= 1; --k) {
+    bool seen = false;
 #pragma unroll
-    for (int j = 0; j < k; ++j) repeated |= k < K && e[k] >= 0 && e[j] == e[k];
+    for (int j = 0; j < k; ++j) seen |= e[j] == e[k];
+    repeated = k < K && e[k] >= 0 && seen ? e[k] : repeated;
+  }
   bool mine = false;
   int local_rows = 0;
   uint64_t groups_seen = 0;  // bit g: an earlier slot of the token is in EP group g
@@ -175,17 +180,13 @@ __global__ void __launch_bounds__(kChunkTokens, kCountBlocksPerSm<kSlots>)
   }
   // The errors, off the slot loops (rare): the last bad id, the first repeated expert.
   if (bad_id != -1) record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(bad_id)));
-  if (repeated)
-    for (int k = 1; k < K; ++k)
-      for (int j = 0; j < k; ++j)
-        if (ids[k] >= 0 && ids[k] < s.num_experts && ids[j] == ids[k]) {
-          record_input_error(a.error, r, WaitRole::kRepeatedExpert, src, uint64_t(s.num_experts), uint64_t(ids[k]));
-          k = K;
-          break;
-        }
+  if (repeated >= 0) {
+    const int id = (repeated >> 16) * E + (repeated & 0xffff);
+    record_input_error(a.error, r, WaitRole::kRepeatedExpert, src, uint64_t(s.num_experts), uint64_t(id));
+  }
   const int received = __syncthreads_count(mine);
   const int listed = __syncthreads_count(combine_lists(local_rows, a.combine_peers != nullptr));
-  const int any_repeated = __syncthreads_or(repeated);
+  const int any_repeated = __syncthreads_or(repeated >= 0);
   for (int i = tid; i < E; i += kChunkTokens) plan.chunk_row_base[(int64_t(pos) * C + ch) * E + i] = rows[i];
   if (pos == 0)
     for (int g = tid; g < s.ep; g += kChunkTokens) plan.chunk_send_base[ch * W + g] = group_tokens[g];
