@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/baseline_layout.h"
+#include "cuda/activation.cuh"
 #include "cuda/baseline_kernels.h"
 #include "cuda/bf16_rows.cuh"
 #include "cuda/check.h"
@@ -216,19 +217,6 @@ __global__ void permute_kernel(int begin, int end, int hidden, int meta_per_toke
   }
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
-
-// Exact (erf) GELU, as the oracle's.
-__device__ __forceinline__ float apply_act(Activation act, float gate, float up) {
-  switch (act) {
-    case Activation::kSwiGlu: return silu(gate) * up;
-    case Activation::kGelu: return 0.5f * up * (1.f + erff(up * 0.70710678118654752f));
-    case Activation::kRelu: return up > 0.f ? up : 0.f;
-    case Activation::kSilu: return silu(up);
-  }
-  return up;
-}
-
 // A thread per 8 output columns of a row.
 __global__ void activation_kernel(Activation act, int row_begin, int row_end, int ffn_local, int inter0_cols,
                                   const uint4* inter0, uint4* inter) {
@@ -244,7 +232,7 @@ __global__ void activation_kernel(Activation act, int row_begin, int row_end, in
     bf16x8_to_float(inter0[(r * inter0_cols + up_col) / 8], up);
     if (gated) bf16x8_to_float(inter0[(r * inter0_cols + up_col - kSwiGluPack) / 8], gate);
 #pragma unroll
-    for (int q = 0; q < 8; ++q) out[q] = apply_act(act, gate[q], up[q]);
+    for (int q = 0; q < 8; ++q) out[q] = apply_activation(act, gate[q], up[q]);
     inter[(r * ffn_local + col) / 8] = to_bf16_chunk(out);
   }
 }

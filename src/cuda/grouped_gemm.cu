@@ -21,6 +21,15 @@ const char* gemm_kernel_name(GemmKernel kernel) {
   return "?";
 }
 
+const char* gemm_epilogue_name(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kIdentity: return "identity";
+    case GemmEpilogue::kSwiGlu: return "swiglu";
+    case GemmEpilogue::kActivation: return "activation";
+  }
+  return "?";
+}
+
 int gemm_tile_n(GemmKernel kernel) {
   COMET_CHECK(kernel != GemmKernel::kAuto, "gemm_tile_n: resolve the kernel first (resolve_gemm_kernel)");
   return kernel == GemmKernel::kPingpong128x128 || kernel == GemmKernel::kPingpong128x128Cluster2x1 ? 128 : 256;
@@ -36,6 +45,7 @@ int gemm_cluster_m(GemmKernel kernel) {
 // - GEMM0 + SwiGLU: ping-pong with 2x1 clusters was fastest on 14 of 15 shapes (the 15th,
 //   deepseek-v3 at 4096 tokens per rank, 1.5% behind cooperative);
 // - GEMM1: ping-pong was fastest or within 0.6% of the fastest on all 15.
+// A plain activation has the ping-pong configuration only.
 GemmKernel choose_gemm_kernel(GemmEpilogue epilogue, int n, int k, int num_experts) {
   (void)n;
   (void)k;
@@ -104,6 +114,18 @@ Status can_implement(const GroupedGemmArgs& a) {
   if (reinterpret_cast<uintptr_t>(a.row_combine) % 16 != 0)
     return Status::failure("grouped GEMM: row_combine is not 16-byte aligned (its entries are copied 16 bytes at once)");
   const GemmKernel kernel = resolve_gemm_kernel(a);
+  if (a.epilogue == GemmEpilogue::kActivation) {
+    if (is_gated(a.activation)) {
+      os << "grouped GEMM: the plain-activation epilogue takes GELU, ReLU or SiLU, not " << activation_name(a.activation)
+         << " (a gated activation is the SwiGLU epilogue)";
+      return Status::failure(os.str());
+    }
+    if (kernel != GemmKernel::kPingpong128x128 || a.split.blocks != 0) {
+      os << "grouped GEMM: the plain-activation epilogue is instantiated for " << gemm_kernel_name(GemmKernel::kPingpong128x128)
+         << " on plain schedules only, not " << gemm_kernel_name(kernel) << (a.split.blocks != 0 ? " with a split schedule" : "");
+      return Status::failure(os.str());
+    }
+  }
   // Clusters would need one claim per pair; ping-pong could claim, but only the cooperative
   // configuration (the fused kernels') is tested with claims.
   if (a.tile_claims != nullptr && kernel != GemmKernel::kCooperative128x256) {

@@ -10,7 +10,9 @@
 //                           kSwiGluPack gate columns and the kSwiGluPack matching up columns
 //                           (pack_swiglu_weights()), so any tile whose width is a multiple of
 //                           2 * kSwiGluPack holds both halves of its output columns
-//   D  [max_rows][n]        output (SwiGLU: silu(gate) * up, n columns)
+//                           plain activation: n_b = n, as identity
+//   D  [max_rows][n]        output (SwiGLU: silu(gate) * up, n columns; plain activation:
+//                           act(x W) with GroupedGemmArgs::activation, e.g. GELU)
 // Schedule: `tiles` holds GemmTile entries in run order (built on the device by
 // build_gemm_tiles, or by the layer's metadata kernel); `num_tiles` is read on the device, so
 // no host synchronization is needed and the launch can be captured in a CUDA graph.
@@ -31,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "comet/config.h"
 #include "comet/error.h"
 #include "core/kernel_trace.h"
 #include "cuda/device_error.h"
@@ -43,7 +46,11 @@ namespace comet::cuda {
 inline constexpr int kGemmBlockM = 128;  // rows per tile; expert segments align to it
 inline constexpr int kSwiGluPack = 64;   // gate/up interleave of the SwiGLU weight layout
 
-enum class GemmEpilogue : int32_t { kIdentity, kSwiGlu };
+// kActivation: a plain (non-gated) activation applied to every output element
+// (GroupedGemmArgs::activation: GELU, ReLU or SiLU, as cuda/activation.cuh defines them); only
+// the ping-pong configuration is instantiated for it (can_implement says so).
+enum class GemmEpilogue : int32_t { kIdentity, kSwiGlu, kActivation };
+const char* gemm_epilogue_name(GemmEpilogue epilogue);  // "identity", "swiglu", "activation"
 
 // Kernel configurations (one translation unit each per epilogue):
 // - Cooperative128x256: both consumer warpgroups share each 128 x 256 tile (64 rows each).
@@ -161,6 +168,7 @@ struct alignas(16) RowCombine {
 
 struct GroupedGemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::kIdentity;
+  Activation activation = Activation::kGelu;  // kActivation only: a plain (non-gated) activation
   GemmKernel kernel = GemmKernel::kAuto;  // the schedule's n blocks must match its tile width
   int num_experts = 0;
   int max_rows = 0;  // rows allocated in A and D

@@ -17,11 +17,14 @@ COMET_DECLARE_GEMM_LAUNCH(swiglu_cooperative_split)
 COMET_DECLARE_GEMM_LAUNCH(identity_cooperative_split)
 COMET_DECLARE_GEMM_LAUNCH(swiglu_pingpong_split)
 COMET_DECLARE_GEMM_LAUNCH(identity_pingpong_split)
+COMET_DECLARE_GEMM_LAUNCH(activation_pingpong)
 #undef COMET_DECLARE_GEMM_LAUNCH
 
 void run_grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   GroupedGemmArgs a = args;
   a.kernel = resolve_gemm_kernel(args);
+  // The plain activation: ping-pong on a plain schedule only (can_implement refuses the rest).
+  if (a.epilogue == GemmEpilogue::kActivation) return launch_grouped_gemm_activation_pingpong(a, stream);
   const bool swiglu = a.epilogue == GemmEpilogue::kSwiGlu;
   if (a.split.blocks > 0) {  // split schedules: their own instantiations (clusters: refused by can_implement)
     if (a.kernel == GemmKernel::kPingpong128x128)

@@ -49,6 +49,7 @@
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "cuda/activation.cuh"
 #include "cuda/bf16_rows.cuh"
 #include "cuda/bulk_copy.cuh"
 #include "cuda/grouped_gemm.h"
@@ -144,6 +145,7 @@ struct GroupedGemmKernel {
     const uint64_t* wait_flags;
     const uint64_t* wait_targets;
     uint64_t* done_flags;
+    Activation activation;  // kActivation only
     const RowCombine* row_combine;
     const GemmSplitPiece* split_pieces;
     float* split_partials;
@@ -191,6 +193,7 @@ struct GroupedGemmKernel {
     p.wait_flags = args.wait_flags;
     p.wait_targets = args.wait_targets;
     p.done_flags = args.done_flags;
+    p.activation = args.activation;
     p.row_combine = args.row_combine;
     p.split_pieces = args.split_pieces;
     p.split_partials = args.split_partials;
@@ -572,7 +575,7 @@ struct GroupedGemmKernel {
       for (int i = 0; i < size(accum); i += 2) {
         const int g = (i / 4) % kGroups;
         int c_static;  // output column of the pair, less the thread's offset inside 8 columns
-        if constexpr (kEpilogue == GemmEpilogue::kIdentity) {
+        if constexpr (kEpilogue != GemmEpilogue::kSwiGlu) {
           c_static = 8 * g;
         } else {
           if ((8 * g / kSwiGluPack) % 2 != 0) continue;  // an up column: read as a partner below
@@ -586,6 +589,10 @@ struct GroupedGemmKernel {
           const int j = partner_index(i);
           v0 = __fdividef(v0, 1.f + __expf(-v0)) * accum(j);
           v1 = __fdividef(v1, 1.f + __expf(-v1)) * accum(j + 1);
+        }
+        if constexpr (kEpilogue == GemmEpilogue::kActivation) {
+          v0 = apply_activation(p.activation, 0.f, v0);
+          v1 = apply_activation(p.activation, 0.f, v1);
         }
         *reinterpret_cast<__nv_bfloat162*>(stage + r * kStageLd + c) = __floats2bfloat162_rn(v0, v1);
       }

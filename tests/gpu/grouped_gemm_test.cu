@@ -11,6 +11,8 @@
 #include "comet/config.h"
 #include "comet/dtype.h"
 #include "comet/routing.h"
+#include "core/activation.h"
+#include "cuda/activation.cuh"
 #include "cuda/gemm_schedule.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/signal.cuh"
@@ -28,10 +30,11 @@ struct GemmCase {
   std::vector<int> rows;  // per expert
   uint64_t seed;
   GemmKernel kernel = GemmKernel::kCooperative128x256;
+  Activation activation = Activation::kGelu;  // GemmEpilogue::kActivation only
   std::string describe() const {
     std::ostringstream os;
-    os << name << " kernel=" << gemm_kernel_name(kernel)
-       << " epilogue=" << (epilogue == GemmEpilogue::kSwiGlu ? "swiglu" : "identity") << " K=" << k
+    os << name << " kernel=" << gemm_kernel_name(kernel) << " epilogue=" << gemm_epilogue_name(epilogue)
+       << (epilogue == GemmEpilogue::kActivation ? std::string(" ") + activation_name(activation) : "") << " K=" << k
        << " N=" << n << " E=" << rows.size() << " rows=[";
     for (size_t e = 0; e < rows.size() && e < 12; ++e) os << (e ? "," : "") << rows[e];
     if (rows.size() > 12) os << ",...";
@@ -51,7 +54,7 @@ __device__ float warp_dot(const __nv_bfloat16* x, const __nv_bfloat16* y, int k)
 }
 
 __global__ void reference_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d, const int* row_expert,
-                                 int rows, int n, int k, int n_b, int swiglu) {
+                                 int rows, int n, int k, int n_b, GemmEpilogue epilogue, Activation act) {
   const int row = blockIdx.y;
   const int col = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows || col >= n) return;
@@ -59,8 +62,9 @@ __global__ void reference_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b,
   if (e < 0) return;
   const __nv_bfloat16* arow = a + size_t(row) * k;
   float out;
-  if (!swiglu) {
+  if (epilogue != GemmEpilogue::kSwiGlu) {
     out = warp_dot(arow, b + (size_t(e) * n_b + col) * k, k);
+    if (epilogue == GemmEpilogue::kActivation) out = apply_activation(act, 0.f, out);
   } else {
     const int block = col / kSwiGluPack, within = col % kSwiGluPack;
     const __nv_bfloat16* g = b + (size_t(e) * n_b + size_t(block) * 2 * kSwiGluPack + within) * k;
@@ -117,6 +121,7 @@ double oracle_element(const GemmProblem& p, int row, int col) {
     u += x * p.w1[e * per + size_t(i) * p.c.n + col];
   }
   if (p.c.epilogue == GemmEpilogue::kIdentity) return g;
+  if (p.c.epilogue == GemmEpilogue::kActivation) return core::apply_activation<double>(p.c.activation, 0.0, g);
   return g / (1.0 + std::exp(-g)) * u;
 }
 
@@ -216,6 +221,7 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
   claims.zero();
   if (dealing.claimed) args.tile_claims = claims.get();
   if (!dealing.split) args.num_blocks = dealing.num_blocks;
+  args.activation = c.activation;
   GemmRun out;
   run_grouped_gemm(args, nullptr);
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
@@ -234,7 +240,7 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
   dim3 grid((c.n + 7) / 8, p.max_rows);  // 8 warps, one output element each
   reference_kernel<<<grid, 256>>>(reinterpret_cast<const __nv_bfloat16*>(g.a.get()),
                                   reinterpret_cast<const __nv_bfloat16*>(g.b.get()), ref.get(), row_expert.get(),
-                                  p.max_rows, c.n, c.k, gemm_b_rows(c.epilogue, c.n), c.epilogue == GemmEpilogue::kSwiGlu);
+                                  p.max_rows, c.n, c.k, gemm_b_rows(c.epilogue, c.n), c.epilogue, c.activation);
   COMET_CUDA_CHECK_LAUNCH();
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
   out.reference = ref.download();
@@ -491,6 +497,56 @@ TEST(GroupedGemm, KAndNTailsAreZeroFilled) {
     EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
     check_run(p, run);
   }
+}
+
+// The plain-activation epilogue (GELU, ReLU, SiLU on x W, no gate): skewed experts, an empty
+// one, partial M tiles and an N that is not a multiple of the tile width, against the GPU
+// reference and the fp64 oracle; kAuto resolves to the one configuration it has.
+TEST(GroupedGemm, PlainActivationEpilogue) {
+  COMET_REQUIRE_GPU();
+  EXPECT_EQ(choose_gemm_kernel(GemmEpilogue::kActivation, 392, 512, 5), GemmKernel::kPingpong128x128);
+  uint64_t seed = 31;
+  for (Activation act : {Activation::kGelu, Activation::kRelu, Activation::kSilu}) {
+    GemmCase c{"plain", GemmEpilogue::kActivation, 512, 392, {300, 0, 517, 129, 1}, seed++, GemmKernel::kPingpong128x128};
+    c.activation = act;
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const GemmRun run = run_case(p, TileOrder::kRowMajor);
+    EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
+    check_run(p, run);
+  }
+}
+
+// Host only: what the plain-activation epilogue refuses, by name.
+TEST(GroupedGemm, CanImplementPlainActivation) {
+  GroupedGemmArgs a;
+  a.epilogue = GemmEpilogue::kActivation;
+  a.activation = Activation::kRelu;
+  a.num_experts = 2;
+  a.max_rows = 256;
+  a.n = 256;
+  a.k = 256;
+  alignas(16) int dummy[4] = {};
+  a.a = a.b = dummy;
+  a.d = dummy;
+  a.tiles = reinterpret_cast<const GemmTile*>(dummy);
+  a.num_tiles = dummy;
+  a.error = reinterpret_cast<DeviceError*>(dummy);
+  EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;  // kAuto: ping-pong
+  a.kernel = GemmKernel::kPingpong128x128;
+  EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
+  for (GemmKernel kernel : {GemmKernel::kCooperative128x256, GemmKernel::kCooperative128x256Cluster2x1,
+                            GemmKernel::kPingpong128x128Cluster2x1}) {
+    a.kernel = kernel;
+    const Status s = can_implement(a);
+    EXPECT_FALSE(s.ok) << gemm_kernel_name(kernel);
+    EXPECT_NE(s.reason.find("plain-activation epilogue is instantiated for pingpong-128x128"), std::string::npos) << s.reason;
+  }
+  a.kernel = GemmKernel::kPingpong128x128;
+  a.activation = Activation::kSwiGlu;
+  const Status s = can_implement(a);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("not swiglu"), std::string::npos) << s.reason;
 }
 
 TEST(GroupedGemm, AllExpertsEmptyRunsNothing) {
