@@ -288,6 +288,14 @@ void check_run(const GemmProblem& p, const GemmRun& run) {
   }
 }
 
+// run_case with the checks every plain run gets: no device error, then check_run.
+GemmRun run_checked(const GemmProblem& p, TileOrder order) {
+  GemmRun run = run_case(p, order);
+  EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
+  check_run(p, run);
+  return run;
+}
+
 // Per-rank expert shapes of a preset at EP=8 (TP=1), rows from uniform routing of T tokens on
 // each of 8 ranks, scaled down in rows so the naive reference stays quick.
 std::vector<int> preset_rows(const ModelShape& m, int tokens_per_rank, uint64_t seed) {
@@ -323,9 +331,7 @@ TEST_P(GroupedGemmPresetTest, MatchesReferenceForBothLayers) {
     for (GemmKernel kernel : kKernels) {
       p.c.kernel = kernel;
       SCOPED_TRACE(p.c.describe());
-      const GemmRun run = run_case(p, order);
-      EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
-      check_run(p, run);
+      const GemmRun run = run_checked(p, order);
       if (first.empty()) first = run.d;
       else EXPECT_EQ(run.d, first) << "output differs from " << gemm_kernel_name(kKernels[0]);
     }
@@ -353,9 +359,7 @@ TEST(GroupedGemm, SkewedZeroAndPartialExperts) {
       const GemmCase c{"skewed", epilogue, 512, 384, {0, 1, 700, 0, 128, 129, 3, 0}, 77, kernel};
       SCOPED_TRACE(c.describe());
       const GemmProblem p = make_gemm_problem(c);
-      const GemmRun run = run_case(p, TileOrder::kRowMajor);
-      EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
-      check_run(p, run);
+      const GemmRun run = run_checked(p, TileOrder::kRowMajor);
       outputs.push_back(run.d);
     }
     for (size_t i = 1; i < outputs.size(); ++i)
@@ -422,9 +426,7 @@ TEST(GroupedGemm, ClaimedTilesMatchStaticTilesBitwise) {
     const GemmCase c{"claimed", epilogue, 512, 768, {0, 1, 700, 0, 128, 129, 300, 0}, 91, GemmKernel::kCooperative128x256};
     SCOPED_TRACE(c.describe());
     const GemmProblem p = make_gemm_problem(c);
-    const GemmRun fixed = run_case(p, TileOrder::kRowMajor);
-    EXPECT_EQ(fixed.error.claimed, 0) << describe(fixed.error);
-    check_run(p, fixed);
+    const GemmRun fixed = run_checked(p, TileOrder::kRowMajor);
     for (int blocks : {0, 3}) {
       SCOPED_TRACE("blocks " + std::to_string(blocks));
       const GemmRun claimed = run_case(p, TileOrder::kRowMajor, nullptr, 2'000'000'000ull, {true, blocks});
@@ -492,10 +494,7 @@ TEST(GroupedGemm, KAndNTailsAreZeroFilled) {
   for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
     const GemmCase c{"tails", epilogue, 200, 200, {5, 130, 0, 64}, 5, kernel};
     SCOPED_TRACE(c.describe());
-    const GemmProblem p = make_gemm_problem(c);
-    const GemmRun run = run_case(p, TileOrder::kColumnBlockMajor);
-    EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
-    check_run(p, run);
+    run_checked(make_gemm_problem(c), TileOrder::kColumnBlockMajor);
   }
 }
 
@@ -510,10 +509,7 @@ TEST(GroupedGemm, PlainActivationEpilogue) {
     GemmCase c{"plain", GemmEpilogue::kActivation, 512, 392, {300, 0, 517, 129, 1}, seed++, GemmKernel::kPingpong128x128};
     c.activation = act;
     SCOPED_TRACE(c.describe());
-    const GemmProblem p = make_gemm_problem(c);
-    const GemmRun run = run_case(p, TileOrder::kRowMajor);
-    EXPECT_EQ(run.error.claimed, 0) << describe(run.error);
-    check_run(p, run);
+    run_checked(make_gemm_problem(c), TileOrder::kRowMajor);
   }
 }
 
