@@ -163,6 +163,11 @@ struct MoeLayer::Impl {
   PathChoice path;     // resolved from options or the tuning table
   Layer0ModeChoice layer0;  // resolved from options or the tuning table
   bool fused_path() const { return path.fused; }
+  // SwiGLU (the presets' experts): GEMM0 + SwiGLU, fused or unfused. A plain activation (GELU,
+  // ReLU, SiLU): GEMM0 with the plain-activation epilogue, which is instantiated for the ping-pong
+  // configuration only, so the unfused pipeline runs it on the kAuto schedule; the fused kernels
+  // fuse SwiGLU only.
+  bool gated() const { return is_gated(config.model.activation); }
   // LayerOptions::epilogue_combine as it runs: the plan (combine list, row_combine) and GEMM1
   // (its epilogue's stores) must agree, so both ask this.
   bool epilogue_combine() const { return options.epilogue_combine && !options.link.on(); }
@@ -186,13 +191,16 @@ struct MoeLayer::Impl {
     const bool n_comm_given = options.n_comm0 > 0 && options.n_comm1 > 0;
     const bool mode_given = options.layer0_copies && options.dispatch_order;
     if (!tuned_path) path = {options.path == ForwardPath::kFused, "options"};
+    if (tuned_path && !gated())
+      path = {false, std::string("unfused: the fused kernels fuse SwiGLU, the activation is ") +
+                         activation_name(config.model.activation)};
     if (n_comm_given) n_comm = {options.n_comm0, options.n_comm1, "options"};
     if (mode_given) layer0 = {{*options.layer0_copies, *options.dispatch_order}, "options"};
     if (!tuned_path && n_comm_given && mode_given) return;  // nothing to look up
     const cuda::DeviceInfo& info = device_info;
     const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
-    if (tuned_path) path = choose_path(&tuning, key);
+    if (tuned_path && gated()) path = choose_path(&tuning, key);
     if (!mode_given) {
       layer0 = choose_layer0_mode(&tuning, key);
       const std::string refusal = gemm_block_copies_refusal(options.link);
@@ -256,7 +264,9 @@ struct MoeLayer::Impl {
   // The shape of layer 0's GEMM (GEMM0 + SwiGLU) or layer 1's (GEMM1), every rank's the same.
   cuda::GroupedGemmArgs gemm_shape(int layer) const {
     cuda::GroupedGemmArgs g;
-    g.epilogue = layer == 0 ? cuda::GemmEpilogue::kSwiGlu : cuda::GemmEpilogue::kIdentity;
+    g.epilogue = layer == 1 ? cuda::GemmEpilogue::kIdentity : gated() ? cuda::GemmEpilogue::kSwiGlu
+                                                                       : cuda::GemmEpilogue::kActivation;
+    g.activation = config.model.activation;
     g.num_experts = config.experts_per_rank();
     g.max_rows = int(config.max_rows_per_rank());
     g.n = layer == 0 ? config.ffn_per_rank() : config.model.hidden;
@@ -402,7 +412,9 @@ struct MoeLayer::Impl {
     for (int layer = 0; layer < 2; ++layer) {
       cuda::GroupedGemmArgs g = gemm_args(k, layer);
       if (rows == Gemm1Rows::kComputeOnly) g.row_combine = nullptr;
-      if (options.unfused_gemms == UnfusedGemms::kFusedSchedule) {
+      // The fused schedule is the cooperative configuration's, which GEMM0 of a plain
+      // activation does not have (gated() above).
+      if (options.unfused_gemms == UnfusedGemms::kFusedSchedule && (layer == 1 || gated())) {
         cuda::run_grouped_gemm(g, s);
         continue;
       }
@@ -663,9 +675,6 @@ struct MoeLayer::Impl {
 Status MoeLayer::can_implement(const LayerConfig& c) {
   const Status s = c.validate();
   if (!s) return s;
-  if (c.model.activation != Activation::kSwiGlu)
-    return Status::failure(std::string("the CUDA backend fuses SwiGLU only; activation ") +
-                           activation_name(c.model.activation) + " is not supported yet");
   if (c.model.hidden % 8 != 0 || c.ffn_per_rank() % 8 != 0)
     return Status::failure("the CUDA backend needs H and F/TP multiples of 8 (16-byte rows), got H=" +
                            std::to_string(c.model.hidden) + ", F/TP=" + std::to_string(c.ffn_per_rank()));
@@ -756,6 +765,10 @@ void MoeLayer::set_options(const LayerOptions& o) {
   COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
   COMET_CHECK(o.layer0_stages >= 0, "MoeLayer: layer0_stages must be >= 0 (0 chooses), got " << o.layer0_stages);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
+  COMET_CHECK(o.path != ForwardPath::kFused || impl_->gated(),
+              "MoeLayer: the fused kernels fuse SwiGLU; activation "
+                  << activation_name(impl_->config.model.activation)
+                  << " runs on the unfused pipeline (ForwardPath::kUnfused, or kTuned, the default)");
   COMET_CHECK(!o.trace || o.path == ForwardPath::kFused,
               "MoeLayer: LayerOptions::trace records the fused kernels; set path to ForwardPath::kFused too");
   COMET_CHECK(o.trace_chunk_capacity >= 0 && o.trace_chunk_capacity < (int64_t(1) << 31),
@@ -784,7 +797,7 @@ void MoeLayer::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;
   const int Epr = m.config.experts_per_rank();
   const size_t H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
-  const size_t n0 = size_t(Epr) * cuda::gemm_b_rows(cuda::GemmEpilogue::kSwiGlu, int(Fl)) * H, n1 = size_t(Epr) * H * Fl;
+  const size_t n0 = size_t(Epr) * cuda::gemm_b_rows(m.gemm_shape(0).epilogue, int(Fl)) * H, n1 = size_t(Epr) * H * Fl;
   DeviceGuard guard;
   for (Impl::Rank& k : m.ranks) {  // seeded by the global rank: the same weights on every fabric
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
@@ -804,6 +817,9 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
     if (m.per_rank_streams) m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) { m.barrier(k, 2, s); }});
     return;
   }
+  COMET_CHECK(part != Part::kFusedGemms || m.gated(),
+              "MoeLayer: run_part(kFusedGemms) runs the fused kernels, which fuse SwiGLU; activation "
+                  << activation_name(m.config.model.activation) << " has the unfused GEMMs only (kGemms)");
   if (part == Part::kPlan && !m.per_rank_streams) {  // one launch for every rank, as in forward()
     m.plans(m.ranks.data(), int(m.ranks.size()), Impl::Signals::kOff, stream);
     return;
@@ -835,17 +851,19 @@ void MoeLayer::set_weights(const ExpertWeights& w) {
   DeviceGuard guard;
   for (Impl::Rank& k : m.ranks) {
     const int ep = m.config.layout.ep_index(k.rank), tp = m.config.layout.tp_index(k.rank);
-    std::vector<float> gate(Epr * H * Fl), up(Epr * H * Fl), down(Epr * Fl * H);
+    const bool gated = m.gated();  // a plain activation has no gate projection (w_gate empty)
+    std::vector<float> gate(gated ? Epr * H * Fl : 0), up(Epr * H * Fl), down(Epr * Fl * H);
     for (int el = 0; el < Epr; ++el) {
       const size_t e = size_t(ep) * Epr + el;
       for (size_t h = 0; h < H; ++h)
         for (size_t f = 0; f < Fl; ++f) {
-          gate[(el * H + h) * Fl + f] = w.w_gate[(e * H + h) * F + tp * Fl + f];
+          if (gated) gate[(el * H + h) * Fl + f] = w.w_gate[(e * H + h) * F + tp * Fl + f];
           up[(el * H + h) * Fl + f] = w.w_up[(e * H + h) * F + tp * Fl + f];
         }
       std::memcpy(&down[el * Fl * H], &w.w_down[(e * F + tp * Fl) * H], Fl * H * sizeof(float));
     }
-    const std::vector<uint16_t> w0 = cuda::pack_swiglu_weights(gate, up, Epr, int(H), int(Fl));
+    const std::vector<uint16_t> w0 = gated ? cuda::pack_swiglu_weights(gate, up, Epr, int(H), int(Fl))
+                                           : cuda::transpose_weights(up, Epr, int(H), int(Fl));
     const std::vector<uint16_t> w1 = cuda::transpose_weights(down, Epr, int(Fl), int(H));
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
     if (!k.w0) COMET_CUDA_CHECK(cudaMalloc(&k.w0, w0.size() * 2));
