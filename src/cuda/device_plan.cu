@@ -31,6 +31,7 @@
 #include "comet/plan.h"
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
+#include "cuda/dependent_launch.h"
 #include "cuda/device_plan.h"
 #include "cuda/expert_group.h"
 #include "cuda/gemm_schedule.h"
@@ -121,6 +122,7 @@ struct PlanBatch {
 template <int kSlots>
 __global__ void __launch_bounds__(kChunkTokens, kCountBlocksPerSm<kSlots>)
     device_plan_count_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+  begin_dependent_kernel();
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   const DevicePlanView& plan = a.plan;
   const int ch = int(blockIdx.x), pos = int(blockIdx.y), tid = threadIdx.x;
@@ -247,6 +249,7 @@ __device__ int chunk_prefix(int32_t* first, int64_t stride, int chunks) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+  begin_dependent_kernel();
   const DevicePlanArgs& a = batch.ranks[blockIdx.x];
   const DevicePlanView& plan = a.plan;
   extern __shared__ int smem_raw[];
@@ -572,6 +575,7 @@ __device__ __forceinline__ void place_chunk(const PlanShape& s, const DevicePlan
 
 __global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
     device_plan_place_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
+  begin_dependent_kernel();
   const DevicePlanArgs& a = batch.ranks[blockIdx.z];
   if (a.plan.counts[2] == 0) return;  // a refused plan places nothing (the counting kernels said why)
   place_chunk(s, a);
@@ -662,12 +666,9 @@ void launch_plan_kernels(const PlanShape& s, const DevicePlanArgs* args, int cou
     const int n = std::min(kPlanBatch, count - first);
     std::copy(args + first, args + first + n, batch.ranks);
     const dim3 chunks(s.chunks, s.world, n);
-    device_plan_count_kernel<kSlots><<<chunks, kChunkTokens, count_smem, stream>>>(s, batch);
-    COMET_CUDA_CHECK_LAUNCH();
-    device_plan_layout_kernel<<<n, kThreads, layout_smem, stream>>>(s, batch);
-    COMET_CUDA_CHECK_LAUNCH();
-    device_plan_place_kernel<<<chunks, kChunkTokens, place_smem, stream>>>(s, batch);
-    COMET_CUDA_CHECK_LAUNCH();
+    launch_kernel(device_plan_count_kernel<kSlots>, chunks, dim3(kChunkTokens), count_smem, stream, LaunchAttributes(), s, batch);
+    launch_kernel(device_plan_layout_kernel, dim3(n), dim3(kThreads), layout_smem, stream, LaunchAttributes(), s, batch);
+    launch_kernel(device_plan_place_kernel, chunks, dim3(kChunkTokens), place_smem, stream, LaunchAttributes(), s, batch);
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include "comet/dtype.h"
 #include "cuda/check.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/gemm_schedule.h"
 #include "cuda/grouped_gemm.h"
 
@@ -204,6 +205,7 @@ namespace {
 __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, int cluster,
                                    TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
                                    const int32_t* accepted, GemmSplit split, GemmSplitPiece* pieces) {
+  begin_dependent_kernel();
   extern __shared__ int32_t psum[];  // [E + 1] padded row offsets, [E + 1] grid units, [E + 1] tail units
   int32_t* unit_psum = psum + num_experts + 1;
   int32_t* tail_psum = unit_psum + num_experts + 1;
@@ -255,9 +257,8 @@ void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n
                                                       << ", k-tiles " << split.k_tiles << ")");
   COMET_CHECK(split.blocks == 0 || pieces != nullptr, "build_gemm_tiles: a split needs `pieces`");
   const size_t smem = size_t(3 * (num_experts + 1)) * sizeof(int32_t);
-  build_tiles_kernel<<<1, 512, smem, stream>>>(rows_per_expert, num_experts, num_n_blocks, gemm_cluster_m(kernel),
-                                               order, tiles, num_tiles, capacity, accepted, split, pieces);
-  COMET_CUDA_CHECK_LAUNCH();
+  launch_kernel(build_tiles_kernel, dim3(1), dim3(512), smem, stream, LaunchAttributes(), rows_per_expert, num_experts, num_n_blocks,
+                gemm_cluster_m(kernel), order, tiles, num_tiles, capacity, accepted, split, pieces);
 }
 
 std::vector<uint16_t> pack_swiglu_weights(const std::vector<float>& gate, const std::vector<float>& up,

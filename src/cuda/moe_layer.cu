@@ -38,6 +38,7 @@
 #include "comet/workspace.h"
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
+#include "cuda/dependent_launch.h"
 #include "cuda/device_info.h"
 #include "cuda/device_plan.h"
 #include "cuda/fused_layer.h"
@@ -67,6 +68,7 @@ constexpr int kFusedLayer0GroupM = 4;
 // The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
 // without signals, in blocks of kWarpsPerBlock warps.
 __global__ void dispatch_kernel(const __grid_constant__ cuda::FusedCommArgs f) {
+  cuda::begin_dependent_kernel();
   __shared__ int32_t psum[cuda::kMaxWorld + 1];
   cuda::load_recv_psum(f, psum);
   const int warps = int(blockDim.x) / 32;
@@ -74,6 +76,7 @@ __global__ void dispatch_kernel(const __grid_constant__ cuda::FusedCommArgs f) {
 }
 
 __global__ void combine_kernel(const __grid_constant__ cuda::FusedCommArgs f) {
+  cuda::begin_dependent_kernel();
   __shared__ int32_t psum[cuda::kMaxWorld + 1];
   cuda::load_recv_psum(f, psum);
   const int warps = int(blockDim.x) / 32;
@@ -87,6 +90,7 @@ struct OwnerReduceBatch {
   cuda::OwnerReduceArgs ranks[kOwnerReduceBatch];
 };
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, kOwnerReduceBlocksPerSm) owner_reduce_kernel(const __grid_constant__ OwnerReduceBatch b) {
+  cuda::begin_dependent_kernel();
   const int warps = int(blockDim.x) / 32;
   cuda::owner_reduce_rows(b.ranks[blockIdx.y], int(blockIdx.x) * warps + int(threadIdx.x) / 32, int(gridDim.x) * warps);
 }
@@ -386,8 +390,7 @@ struct MoeLayer::Impl {
   void dispatch(const Rank& k, cudaStream_t s) const {
     cuda::FusedCommArgs f = comm_args(k, 0, Signals::kOff);
     f.dispatch_by_row = false;
-    dispatch_kernel<<<num_sms, 32 * kWarpsPerBlock, 0, s>>>(f);
-    COMET_CUDA_CHECK_LAUNCH();
+    cuda::launch_kernel(dispatch_kernel, dim3(num_sms), dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(), f);
   }
   // The unfused pipeline's GEMMs (also run_part(kGemms), compute-only), LayerOptions::unfused_gemms:
   // the fused kernels' configuration and claimed tiles of the plan, or the configuration kAuto
@@ -430,8 +433,8 @@ struct MoeLayer::Impl {
     }
   }
   void combine(const Rank& k, cudaStream_t s) const {
-    combine_kernel<<<num_sms, 32 * kWarpsPerBlock, 0, s>>>(comm_args(k, 1, Signals::kOff));
-    COMET_CUDA_CHECK_LAUNCH();
+    cuda::launch_kernel(combine_kernel, dim3(num_sms), dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(),
+                        comm_args(k, 1, Signals::kOff));
   }
   // One of the two Comet kernels of a rank (cuda/fused_layer.h). Layer0 only pulls published
   // rows and layer1 only pushes, so no kernel waits on another rank's kernel.
@@ -481,8 +484,7 @@ struct MoeLayer::Impl {
       }
       // The SMs' worth of blocks shared by the batch's ranks (each rank's warps stride its tokens).
       const dim3 grid(std::max(1, num_sms * kOwnerReduceBlocksPerSm / count), count);
-      owner_reduce_kernel<<<grid, 32 * kWarpsPerBlock, 0, s>>>(batch);
-      COMET_CUDA_CHECK_LAUNCH();
+      cuda::launch_kernel(owner_reduce_kernel, grid, dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(), batch);
     }
   }
   void barrier(const Rank& k, int which, cudaStream_t s) const {

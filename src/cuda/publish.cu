@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cuda/check.h"
+#include "cuda/dependent_launch.h"
 
 namespace comet::cuda {
 
@@ -32,6 +33,7 @@ __device__ void copy_words(T* dst, const T* src, int64_t n, int64_t first, int64
 }
 
 __global__ void __launch_bounds__(kThreads) publish_kernel(PublishShape s, const __grid_constant__ PublishBatch b) {
+  begin_dependent_kernel();
   const PublishCopy& c = b.ranks[blockIdx.y];
   const int given = *c.count;
   const int rows = given >= 0 && given <= s.t_max ? given : 0;
@@ -69,8 +71,7 @@ void publish_inputs(const PublishShape& shape, const PublishCopy* ranks, int n, 
       }
     // About two blocks per SM over the batch (the copies are bound by HBM, not by blocks).
     const dim3 grid(std::max(1, 2 * num_sms / count), count);
-    publish_kernel<<<grid, kThreads, 0, stream>>>(shape, batch);
-    COMET_CUDA_CHECK_LAUNCH();
+    launch_kernel(publish_kernel, grid, dim3(kThreads), 0, stream, LaunchAttributes(), shape, batch);
   }
 }
 

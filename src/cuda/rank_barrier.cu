@@ -1,5 +1,6 @@
 // The barrier kernel between ranks (cuda/rank_barrier.h).
 #include "cuda/check.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/rank_barrier.h"
 #include "cuda/signal.cuh"
 
@@ -8,6 +9,7 @@ namespace comet::cuda {
 namespace {
 
 __global__ void rank_barrier_kernel(const __grid_constant__ RankBarrierArgs a) {
+  begin_dependent_kernel();
   if (threadIdx.x != 0) return;
   const uint64_t generation = *a.generation + 1;
   *a.generation = generation;
@@ -29,8 +31,7 @@ void rank_barrier(const RankBarrierArgs& a, CUstream_st* stream) {
   COMET_CHECK(a.peers && a.generation && a.error, "rank_barrier: null peer table, generation or error record");
   COMET_CHECK(a.world >= 1 && a.rank >= 0 && a.rank < a.world,
               "rank_barrier: rank " << a.rank << " outside [0, " << a.world << ")");
-  rank_barrier_kernel<<<1, 32, 0, stream>>>(a);
-  COMET_CUDA_CHECK_LAUNCH();
+  launch_kernel(rank_barrier_kernel, dim3(1), dim3(32), 0, stream, LaunchAttributes(), a);
 }
 
 }  // namespace comet::cuda

@@ -12,6 +12,7 @@
 
 #include "cuda/check.h"
 #include "cuda/comm_rows.cuh"
+#include "cuda/dependent_launch.h"
 #include "cuda/dispatch_bulk.cuh"
 #include "cuda/fused_layer.h"
 #include "cuda/sm90_grouped_gemm_launch.cuh"  // kMaxDevices
@@ -21,6 +22,7 @@ namespace comet::cuda::sm90 {
 template <class Gemm, int kLayer>
 __global__ void __launch_bounds__(Gemm::kThreads, 1)
     fused_layer_kernel(const __grid_constant__ typename Gemm::Params g, const __grid_constant__ FusedCommArgs f) {
+  begin_dependent_kernel();
   extern __shared__ __align__(128) char smem[];
   // Layer0 with Layer0Copies::kGemmBlocks: no communication blocks; a warp of every block's
   // producer warpgroup moves rows (cuda/dispatch_bulk.cuh) while the block runs GEMM0 tiles.
@@ -96,10 +98,8 @@ void launch_fused_layer(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, 
   // The communication blocks claim tiles too once their copies are done (not when stalled).
   const int claim_blocks = kGemmBlockCopies || !comm.stall ? num_sms : num_sms - comm.n_comm;
   const typename Gemm::Params params = Gemm::make_params(gemm, claim_blocks);
-  FusedCommArgs f = comm;
-  void* args[] = {const_cast<typename Gemm::Params*>(&params), &f};
-  COMET_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(num_sms), dim3(Gemm::kThreads),
-                                               args, Gemm::kSmemBytes, stream));
+  launch_kernel(kernel, dim3(num_sms), dim3(Gemm::kThreads), Gemm::kSmemBytes, stream, LaunchAttributes(false).cooperative(),
+                params, comm);
 }
 
 }  // namespace comet::cuda::sm90

@@ -50,6 +50,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "cuda/activation.cuh"
+#include "cuda/dependent_launch.h"
 #include "cuda/bf16_rows.cuh"
 #include "cuda/bulk_copy.cuh"
 #include "cuda/grouped_gemm.h"
@@ -635,6 +636,7 @@ struct GroupedGemmKernel {
 
 template <class Kernel, bool kSplitTiles>
 __global__ void __launch_bounds__(Kernel::kThreads, 1) grouped_gemm_kernel(const __grid_constant__ typename Kernel::Params p) {
+  begin_dependent_kernel();
   extern __shared__ __align__(128) char smem[];
   Kernel::template run_block<kSplitTiles>(p, int(blockIdx.x), int(gridDim.x), smem);
 }

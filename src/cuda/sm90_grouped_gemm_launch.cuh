@@ -14,28 +14,12 @@ namespace comet::cuda::sm90 {
 // Launch attributes are per device: the launchers remember per device ordinal what they set.
 inline constexpr int kMaxDevices = 64;
 
-// A launch of `blocks` blocks of Kernel with one launch attribute (it lives in the caller, which
-// the configuration points to).
+// A launch of `blocks` blocks of Kernel, in clusters of Kernel::kClusterM blocks when that is
+// above 1 (`attributes` lives in the caller, which the configuration points to).
 template <class Kernel>
-cudaLaunchConfig_t launch_config(int blocks, cudaStream_t stream, cudaLaunchAttribute& attribute) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(Kernel::kThreads);
-  config.dynamicSmemBytes = Kernel::kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return config;
-}
-
-// ... in clusters of Kernel::kClusterM blocks.
-template <class Kernel>
-cudaLaunchConfig_t cluster_launch_config(int blocks, cudaStream_t stream, cudaLaunchAttribute& cluster) {
-  cluster = cudaLaunchAttribute{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = Kernel::kClusterM;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  return launch_config<Kernel>(blocks, stream, cluster);
+cudaLaunchConfig_t kernel_launch_config(int blocks, cudaStream_t stream, LaunchAttributes& attributes) {
+  if constexpr (Kernel::kClusterM > 1) attributes.cluster(Kernel::kClusterM);
+  return launch_config(dim3(blocks), dim3(Kernel::kThreads), Kernel::kSmemBytes, stream, attributes);
 }
 
 // Blocks of a launch: args.num_blocks, or one per SM; with clusters, as many whole clusters as
@@ -50,9 +34,9 @@ int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
     static std::array<std::atomic<int>, kMaxDevices> resident{};  // clusters, per device
     int clusters = resident[device].load(std::memory_order_relaxed);
     if (clusters == 0) {
-      cudaLaunchAttribute cluster;
+      LaunchAttributes attributes;
       const cudaLaunchConfig_t config =
-          cluster_launch_config<Kernel>(num_sms / Kernel::kClusterM * Kernel::kClusterM, nullptr, cluster);
+          kernel_launch_config<Kernel>(num_sms / Kernel::kClusterM * Kernel::kClusterM, nullptr, attributes);
       COMET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<Kernel, kSplitTiles>, &config));
       COMET_CHECK(clusters > 0, "grouped GEMM: no cluster of " << Kernel::kClusterM << " blocks fits on device " << device);
       resident[device].store(clusters, std::memory_order_relaxed);
@@ -90,20 +74,10 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   COMET_CHECK(!kSplitTiles || blocks <= num_sms,
               "grouped GEMM: a split schedule for " << blocks << " blocks cannot run on " << num_sms << " SMs at once");
   const typename Kernel::Params params = Kernel::make_params(args, blocks);
-  if constexpr (kSplitTiles) {
-    cudaLaunchAttribute cooperative{};
-    cooperative.id = cudaLaunchAttributeCooperative;
-    cooperative.val.cooperative = 1;
-    const cudaLaunchConfig_t config = launch_config<Kernel>(blocks, stream, cooperative);
-    COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel, kSplitTiles>, params));
-  } else if constexpr (Kernel::kClusterM == 1) {
-    grouped_gemm_kernel<Kernel, kSplitTiles><<<blocks, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
-  } else {
-    cudaLaunchAttribute cluster;
-    const cudaLaunchConfig_t config = cluster_launch_config<Kernel>(blocks, stream, cluster);
-    COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel, kSplitTiles>, params));
-  }
-  COMET_CUDA_CHECK_LAUNCH();
+  LaunchAttributes attributes(!kSplitTiles);  // a split grid is cooperative
+  if constexpr (kSplitTiles) attributes.cooperative();
+  const cudaLaunchConfig_t config = kernel_launch_config<Kernel>(blocks, stream, attributes);
+  COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel, kSplitTiles>, params));
 }
 
 }  // namespace comet::cuda::sm90
