@@ -16,9 +16,10 @@
 // its first global memory access, in every thread that touches memory. Each kernel waits for its
 // predecessor before it can complete, so the wait covers every earlier kernel of the stream. A
 // kernel launched any other way (cuBLAS, NCCL, a test's own) is ordered as usual: the attribute
-// relaxes only the dependency of the kernel that carries it, and the griddepcontrol instructions
-// do nothing in a kernel launched without it. CUDA graphs capture the attribute as a
-// programmatic edge.
+// relaxes only the dependency of the kernel that carries it. In a kernel launched without it the
+// wait returns at once, while `launch_dependents` still lets the next kernel, if it carries the
+// attribute, launch early (after a fused kernel, the owner reduce's blocks then wait on the SMs
+// the fused blocks leave). CUDA graphs capture the attribute as a programmatic edge.
 //
 // COMET_DEPENDENT_LAUNCH=0 in the environment launches everything in plain stream order (for
 // comparison and debugging; the results are the same bit for bit).
@@ -27,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <iterator>
 #include <string_view>
 #include <utility>
 
@@ -51,9 +53,9 @@ struct LaunchAttributes {
 
   explicit LaunchAttributes(bool dependent = true) {
     if (dependent && dependent_launches()) {
-      list[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      list[count].val.programmaticStreamSerializationAllowed = 1;
-      ++count;
+      cudaLaunchAttribute& a = next();
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
     }
   }
   // Every block resident at once (the runtime refuses the launch otherwise): for grids whose
@@ -61,19 +63,32 @@ struct LaunchAttributes {
   // false): measured, the dependent launch gained nothing for them (the fused kernels, docs/
   // gpu_layer.md "Launches"), and their blocks must all be resident anyway.
   LaunchAttributes& cooperative() {
-    list[count].id = cudaLaunchAttributeCooperative;
-    list[count].val.cooperative = 1;
-    ++count;
+    cudaLaunchAttribute& a = next();
+    a.id = cudaLaunchAttributeCooperative;
+    a.val.cooperative = 1;
     return *this;
   }
   LaunchAttributes& cluster(unsigned blocks) {
-    list[count].id = cudaLaunchAttributeClusterDimension;
-    list[count].val.clusterDim.x = blocks;
-    list[count].val.clusterDim.y = list[count].val.clusterDim.z = 1;
-    ++count;
+    cudaLaunchAttribute& a = next();
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = blocks;
+    a.val.clusterDim.y = a.val.clusterDim.z = 1;
     return *this;
   }
+
+ private:
+  cudaLaunchAttribute& next() {
+    COMET_CHECK(count < std::size(list), "LaunchAttributes: more than " << std::size(list) << " attributes");
+    return list[count++];
+  }
 };
+
+// A launch's result: on failure the runtime's last error is cleared too, so that a later
+// COMET_CUDA_CHECK_LAUNCH() does not report this launch's failure as its own.
+inline void check_kernel_launch(cudaError_t launched) {
+  if (launched != cudaSuccess) (void)cudaGetLastError();
+  COMET_CUDA_CHECK(launched);
+}
 
 // A launch configuration pointing at `attributes` (which must outlive its use).
 inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -93,7 +108,7 @@ template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    LaunchAttributes attributes, Args&&... args) {
   const cudaLaunchConfig_t config = launch_config(grid, block, smem, stream, attributes);
-  COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  check_kernel_launch(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // First statement of every kernel launched through launch_kernel(): wait until the previous

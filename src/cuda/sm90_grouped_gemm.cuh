@@ -50,9 +50,9 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "cuda/activation.cuh"
-#include "cuda/dependent_launch.h"
 #include "cuda/bf16_rows.cuh"
 #include "cuda/bulk_copy.cuh"
+#include "cuda/dependent_launch.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/signal.cuh"
 #include "cuda/trace_record.cuh"

@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "cuda/check.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/sm90_grouped_gemm.cuh"
 
 namespace comet::cuda::sm90 {
@@ -34,7 +35,7 @@ int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
     static std::array<std::atomic<int>, kMaxDevices> resident{};  // clusters, per device
     int clusters = resident[device].load(std::memory_order_relaxed);
     if (clusters == 0) {
-      LaunchAttributes attributes;
+      LaunchAttributes attributes(false);  // residency does not depend on how the launch is ordered
       const cudaLaunchConfig_t config =
           kernel_launch_config<Kernel>(num_sms / Kernel::kClusterM * Kernel::kClusterM, nullptr, attributes);
       COMET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<Kernel, kSplitTiles>, &config));
@@ -77,7 +78,7 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   LaunchAttributes attributes(!kSplitTiles);  // a split grid is cooperative
   if constexpr (kSplitTiles) attributes.cooperative();
   const cudaLaunchConfig_t config = kernel_launch_config<Kernel>(blocks, stream, attributes);
-  COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel, kSplitTiles>, params));
+  check_kernel_launch(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel, kSplitTiles>, params));
 }
 
 }  // namespace comet::cuda::sm90

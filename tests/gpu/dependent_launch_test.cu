@@ -1,9 +1,10 @@
 // GPU tests of the layer's kernel launches (cuda/dependent_launch.h, label `gpu`): a kernel
-// launched after a slow writer reads every value the writer stored, five times over, with the
-// reader's block 0 timestamping its start before its wait. The overlap itself is recorded, not
-// asserted: the runtime overlaps launches opportunistically (on one H200 the reader started
-// before the writer's last write in 0 of 5 runs of one process and 4 of 5 of another), and
-// where it does, the reader's wait is what keeps this test passing.
+// launched after a slow writer reads every value the writer stored, ten times over, with the
+// reader's block 0 timestamping its start before its wait. The overlap itself is counted and
+// printed, not asserted: the runtime overlaps launches opportunistically (on one H200 the reader
+// started before the writer's last write in 0 of 5 runs of one process and 4 of 5 of others),
+// and where it does, the reader's wait is what keeps the values right. ctest also runs the
+// test with COMET_DEPENDENT_LAUNCH=0 (tests/gpu/CMakeLists.txt), where it must never overlap.
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -37,7 +38,9 @@ __global__ void slow_writer(int* values, int n, int generation, uint64_t spin_ns
   }
 }
 
-// Records when its block 0 started (before the wait), then copies the writer's values.
+// Records when its block 0 started, then copies the writer's values. The timestamp is the one
+// store before begin_dependent_kernel(), against the contract on purpose: it is what shows
+// whether the launch overlapped, and the writer never touches it.
 __global__ void reader(const int* values, int* copy, int n, uint64_t* started) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *started = globaltimer_ns();
   begin_dependent_kernel();
@@ -45,37 +48,46 @@ __global__ void reader(const int* values, int* copy, int n, uint64_t* started) {
   if (i < n) copy[i] = values[i];
 }
 
+struct OwnedStream {
+  cudaStream_t s = nullptr;
+  OwnedStream() { COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~OwnedStream() { cudaStreamDestroy(s); }
+};
+
 TEST(DependentLaunch, NextKernelSeesEveryWriteOfTheSlowOne) {
   COMET_REQUIRE_GPU();
-  constexpr int n = 1 << 20, threads = 256;
+  constexpr int n = 1 << 20, threads = 256, runs = 10;
   constexpr uint64_t spin_ns = 200'000;  // 0.2 ms: far longer than a launch
   DeviceBuffer<int> values(n), copy(n);
   DeviceBuffer<uint64_t> times(3);  // writer started, writer finished, reader started
-  values.zero();
-  cudaStream_t stream = nullptr;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  int overlapped = 0;
-  for (int generation = 1; generation <= 5; ++generation) {
-    copy.poison();
-    launch_kernel(slow_writer, dim3(n / threads), dim3(threads), 0, stream, LaunchAttributes(), values.get(), n,
+  const OwnedStream stream;
+  const auto run = [&](int generation) {
+    launch_kernel(slow_writer, dim3(n / threads), dim3(threads), 0, stream.s, LaunchAttributes(), values.get(), n,
                   generation, spin_ns, times.get(), times.get() + 1);
-    launch_kernel(reader, dim3(n / threads), dim3(threads), 0, stream, LaunchAttributes(), values.get(), copy.get(),
+    launch_kernel(reader, dim3(n / threads), dim3(threads), 0, stream.s, LaunchAttributes(), values.get(), copy.get(),
                   n, times.get() + 2);
-    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  };
+  run(0);  // loads both kernels' modules, which would otherwise keep the first run from overlapping
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  int overlapped = 0;
+  for (int generation = 1; generation <= runs; ++generation) {
+    // On the test's stream: the fill is ordered before the writer like the layer's own steps.
+    COMET_CUDA_CHECK(cudaMemsetAsync(copy.get(), 0xff, n * sizeof(int), stream.s));
+    run(generation);
+    COMET_CUDA_CHECK(cudaStreamSynchronize(stream.s));
     const std::vector<int> got = copy.download();
     int wrong = 0;
     for (int i = 0; i < n; ++i) wrong += got[i] != generation * n + i;
     EXPECT_EQ(wrong, 0) << "generation " << generation << ": the reader saw values the writer had not yet stored";
     const std::vector<uint64_t> t = times.download();
-    EXPECT_GE(t[1] - t[0], spin_ns) << "the writer did not spin";
     overlapped += t[2] < t[1];
   }
-  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
   // In plain stream order the reader can never start before the writer completed.
   if (!dependent_launches()) EXPECT_EQ(overlapped, 0);
   RecordProperty("reader_started_before_writer_finished", overlapped);
-  std::printf("dependent launches %s: the reader started before the writer's last write in %d of 5 runs\n",
-              dependent_launches() ? "on" : "off", overlapped);
+  std::printf("dependent launches %s: the reader started before the writer's last write in %d of %d runs%s\n",
+              dependent_launches() ? "on" : "off", overlapped, runs,
+              dependent_launches() && overlapped == 0 ? " (no run overlapped: this run did not test the wait)" : "");
 }
 
 }  // namespace
