@@ -513,21 +513,28 @@ TEST(GroupedGemm, PlainActivationEpilogue) {
   }
 }
 
-// Host only: what the plain-activation epilogue refuses, by name.
-TEST(GroupedGemm, CanImplementPlainActivation) {
+// Host only (can_implement): a shape it accepts, every pointer at one 16-byte aligned dummy
+// that nothing reads.
+GroupedGemmArgs host_only_args() {
+  alignas(16) static int dummy[4] = {};
   GroupedGemmArgs a;
-  a.epilogue = GemmEpilogue::kActivation;
-  a.activation = Activation::kRelu;
   a.num_experts = 2;
   a.max_rows = 256;
   a.n = 256;
   a.k = 256;
-  alignas(16) int dummy[4] = {};
   a.a = a.b = dummy;
   a.d = dummy;
   a.tiles = reinterpret_cast<const GemmTile*>(dummy);
   a.num_tiles = dummy;
   a.error = reinterpret_cast<DeviceError*>(dummy);
+  return a;
+}
+
+// Host only: what the plain-activation epilogue refuses, by name.
+TEST(GroupedGemm, CanImplementPlainActivation) {
+  GroupedGemmArgs a = host_only_args();
+  a.epilogue = GemmEpilogue::kActivation;
+  a.activation = Activation::kRelu;
   EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;  // kAuto: ping-pong
   a.kernel = GemmKernel::kPingpong128x128;
   EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
@@ -591,24 +598,13 @@ TEST(GroupedGemm, ScheduleOfAnotherConfigurationIsRefusedOrHarmless) {
 }
 
 TEST(GroupedGemm, CanImplementRefusesBadShapes) {
-  GroupedGemmArgs a;
-  a.num_experts = 2;
-  a.max_rows = 256;
-  a.n = 256;
-  a.k = 100;  // not a multiple of 8
-  alignas(16) int dummy[4] = {};
-  a.a = a.b = dummy;
-  a.d = dummy;
-  a.tiles = reinterpret_cast<const GemmTile*>(dummy);
-  a.num_tiles = dummy;
-  a.error = reinterpret_cast<DeviceError*>(dummy);
+  GroupedGemmArgs a = host_only_args();
   // TMA needs 16-byte aligned operands.
-  a.k = 256;
-  a.b = reinterpret_cast<const char*>(dummy) + 8;
+  a.b = static_cast<const char*>(a.a) + 8;
   Status s = can_implement(a);
   EXPECT_FALSE(s.ok);
   EXPECT_NE(s.reason.find("b is not 16-byte aligned"), std::string::npos) << s.reason;
-  a.b = dummy;
+  a.b = a.a;
   a.k = 100;  // not a multiple of 8
   s = can_implement(a);
   EXPECT_FALSE(s.ok);
