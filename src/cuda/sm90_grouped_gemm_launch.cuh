@@ -15,12 +15,12 @@ namespace comet::cuda::sm90 {
 // Launch attributes are per device: the launchers remember per device ordinal what they set.
 inline constexpr int kMaxDevices = 64;
 
-// A launch of `blocks` blocks of Kernel, in clusters of Kernel::kClusterM blocks when that is
-// above 1 (`attributes` lives in the caller, which the configuration points to).
+// The attributes of a Kernel launch: clusters of Kernel::kClusterM blocks when that is above 1.
 template <class Kernel>
-cudaLaunchConfig_t kernel_launch_config(int blocks, cudaStream_t stream, LaunchAttributes& attributes) {
+LaunchAttributes kernel_attributes(bool dependent) {
+  LaunchAttributes attributes(dependent);
   if constexpr (Kernel::kClusterM > 1) attributes.cluster(Kernel::kClusterM);
-  return launch_config(dim3(blocks), dim3(Kernel::kThreads), Kernel::kSmemBytes, stream, attributes);
+  return attributes;
 }
 
 // Blocks of a launch: args.num_blocks, or one per SM; with clusters, as many whole clusters as
@@ -35,9 +35,10 @@ int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
     static std::array<std::atomic<int>, kMaxDevices> resident{};  // clusters, per device
     int clusters = resident[device].load(std::memory_order_relaxed);
     if (clusters == 0) {
-      LaunchAttributes attributes(false);  // residency does not depend on how the launch is ordered
-      const cudaLaunchConfig_t config =
-          kernel_launch_config<Kernel>(num_sms / Kernel::kClusterM * Kernel::kClusterM, nullptr, attributes);
+      // Residency does not depend on how the launch is ordered.
+      LaunchAttributes attributes = kernel_attributes<Kernel>(false);
+      const cudaLaunchConfig_t config = launch_config(dim3(num_sms / Kernel::kClusterM * Kernel::kClusterM),
+                                                      dim3(Kernel::kThreads), Kernel::kSmemBytes, nullptr, attributes);
       COMET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, grouped_gemm_kernel<Kernel, kSplitTiles>, &config));
       COMET_CHECK(clusters > 0, "grouped GEMM: no cluster of " << Kernel::kClusterM << " blocks fits on device " << device);
       resident[device].store(clusters, std::memory_order_relaxed);
@@ -75,10 +76,10 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   COMET_CHECK(!kSplitTiles || blocks <= num_sms,
               "grouped GEMM: a split schedule for " << blocks << " blocks cannot run on " << num_sms << " SMs at once");
   const typename Kernel::Params params = Kernel::make_params(args, blocks);
-  LaunchAttributes attributes(!kSplitTiles);  // a split grid is cooperative
+  LaunchAttributes attributes = kernel_attributes<Kernel>(!kSplitTiles);  // a split grid is cooperative
   if constexpr (kSplitTiles) attributes.cooperative();
-  const cudaLaunchConfig_t config = kernel_launch_config<Kernel>(blocks, stream, attributes);
-  check_kernel_launch(cudaLaunchKernelEx(&config, grouped_gemm_kernel<Kernel, kSplitTiles>, params));
+  launch_kernel(grouped_gemm_kernel<Kernel, kSplitTiles>, dim3(blocks), dim3(Kernel::kThreads), Kernel::kSmemBytes,
+                stream, attributes, params);
 }
 
 }  // namespace comet::cuda::sm90
