@@ -249,8 +249,8 @@ __device__ __forceinline__ void store_row_chunks(uint4* dst, const float* acc, i
   }
 }
 
-__host__ __device__ inline int combine_groups(int num_col_blocks) {
-  return (num_col_blocks + kCombineGroupBlocks - 1) / kCombineGroupBlocks;
+__host__ __device__ inline int combine_groups(int num_col_blocks, int group_blocks = kCombineGroupBlocks) {
+  return (num_col_blocks + group_blocks - 1) / group_blocks;
 }
 
 // One combine item as a warp holds it: its index, its received slot and, per lane j <
@@ -289,8 +289,9 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
   // The slots the plan listed: with LayerOptions::epilogue_combine, a token with a single row
   // here was stored into its owner's slot by GEMM1's epilogue and is not listed.
   const int lane = int(threadIdx.x) % 32, chunks = f.hidden / 8, listed = f.plan.counts[3];
-  const int group_chunks = kCombineGroupBlocks * f.col_width / 8;
-  const int items = combine_groups(f.num_col_blocks) * listed;  // < 2^31: W * T_max * groups
+  const int gb = f.combine_group_blocks;
+  const int group_chunks = gb * f.col_width / 8;
+  const int items = combine_groups(f.num_col_blocks, gb) * listed;  // < 2^31: W * T_max * groups
   const uint4* out_rows = static_cast<const uint4*>(f.out_rows);
   int ready_group = -1;  // the column group this warp last waited for
   int next = warp, claim_end = 0;
@@ -323,7 +324,7 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
       trace.flush();  // a chunk record never spans a wait
       if (lane == 0) {
         const uint64_t wait_begin = trace.clock();
-        for (int j = g * kCombineGroupBlocks; j < min(f.num_col_blocks, (g + 1) * kCombineGroupBlocks); ++j) {
+        for (int j = g * gb; j < min(f.num_col_blocks, (g + 1) * gb); ++j) {
           const WaitSite site{f.rank, 1, WaitRole::kCommColumnBlock, j};
           if (!wait_at_least(f.col_done + j, f.col_target[j], f.timeout_ns, f.error, site)) break;
         }

@@ -70,6 +70,7 @@ struct PlanShape {
   int chunks;  // token chunks per source: ceil(t_max / kChunkTokens)
   int64_t max_rows, max_m_tiles;
   int n_blocks0, n_blocks1;
+  int raster_n1;  // layer1 raster group in column blocks (1024 columns)
   // id / experts_per_rank without a division (cuda/expert_group.h; exactness checked on the host).
   ExpertGroupOf group_of;
 };
@@ -456,7 +457,7 @@ __device__ void write_tile_lists(const DevicePlanArgs& a, const PlanShape& s, in
 #pragma unroll 1
   for (int i = thread; i < num_m * s.n_blocks1; i += threads) {
     int m, n;
-    raster_tile(TileOrder::kColumnBlockMajor, kRasterGroupN, i, num_m, s.n_blocks1, m, n);
+    raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, i, num_m, s.n_blocks1, m, n);
     plan.tiles1[i] = GemmTile{m * kGemmBlockM, n, expert_of(m), m};
   }
 }
@@ -600,6 +601,7 @@ PlanShape plan_shape(const LayerConfig& c) {
   s.max_m_tiles = layout.max_m_tiles;
   s.n_blocks0 = int(layout.n_blocks0);
   s.n_blocks1 = int(layout.n_blocks1);
+  s.raster_n1 = layer1_helper_combine() ? 2 * kRasterGroupN : kRasterGroupN;
   s.chunks = (s.t_max + kChunkTokens - 1) / kChunkTokens;
   s.group_of = ExpertGroupOf::for_experts_per_rank(s.experts_per_rank);
   return s;
@@ -623,7 +625,8 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
   max_rows = c.max_rows_per_rank();
   max_m_tiles = c.max_m_tiles_per_rank();
   n_blocks0 = gemm_num_n_blocks(GemmEpilogue::kSwiGlu, c.ffn_per_rank(), GemmKernel::kCooperative128x256);
-  n_blocks1 = gemm_num_n_blocks(GemmEpilogue::kIdentity, c.model.hidden, GemmKernel::kCooperative128x256);
+  n_blocks1 = gemm_num_n_blocks(GemmEpilogue::kIdentity, c.model.hidden,
+                                layer1_helper_combine() ? GemmKernel::kPingpong128x128 : GemmKernel::kCooperative128x256);
   const int64_t K = rows_per_token;
   const int64_t sizes[] = {E * 4, (E + 1) * 4, W * 4, (W + 1) * 4, W * Tm * 4, W * Tm * K * 4, W * Tm * K * 4,
                            Tm * W * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, 4 * 4,

@@ -129,7 +129,7 @@ Status can_implement(const GroupedGemmArgs& a) {
   }
   // Clusters would need one claim per pair; ping-pong could claim, but only the cooperative
   // configuration (the fused kernels') is tested with claims.
-  if (a.tile_claims != nullptr && kernel != GemmKernel::kCooperative128x256) {
+  if (a.tile_claims != nullptr && kernel != GemmKernel::kCooperative128x256 && kernel != GemmKernel::kPingpong128x128) {
     os << "grouped GEMM: claimed tiles (tile_claims) need " << gemm_kernel_name(GemmKernel::kCooperative128x256)
        << ", not " << gemm_kernel_name(kernel);
     return Status::failure(os.str());

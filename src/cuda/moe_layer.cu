@@ -281,7 +281,7 @@ struct MoeLayer::Impl {
   // configuration, the plan's tiles, claimed from the layer's counter.
   cuda::GroupedGemmArgs gemm_args(const Rank& k, int layer) const {
     cuda::GroupedGemmArgs g = gemm_shape(layer);
-    g.kernel = cuda::GemmKernel::kCooperative128x256;
+    g.kernel = layer == 1 ? layer1_kernel() : cuda::GemmKernel::kCooperative128x256;
     g.a = region(k, layer == 0 ? "a_rows" : "inter");
     g.b = layer == 0 ? k.w0 : k.w1;
     g.d = region(k, layer == 0 ? "inter" : "out_rows");
@@ -296,6 +296,9 @@ struct MoeLayer::Impl {
     return g;
   }
   uint64_t timeout_ns() const { return uint64_t(options.timeout_s * 1e9); }
+  static cuda::GemmKernel layer1_kernel() {
+    return cuda::layer1_helper_combine() ? cuda::GemmKernel::kPingpong128x128 : cuda::GemmKernel::kCooperative128x256;
+  }
 
   enum class Signals { kOff, kOn };
   // What the data movement of a rank's layer needs (cuda/comm_rows.cuh); with signals on, the
@@ -314,7 +317,8 @@ struct MoeLayer::Impl {
     f.rank = k.rank;
     f.t_max = config.max_tokens_per_rank;
     f.num_col_blocks = int(plan_layout.n_blocks1);
-    f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kCooperative128x256);
+    f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, layer1_kernel());
+    f.combine_group_blocks = cuda::layer1_helper_combine() ? 2 * cuda::kCombineGroupBlocks : cuda::kCombineGroupBlocks;
     f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
     f.gemm_block_copies = layer == 0 && layer0.mode.copies == Layer0Copies::kGemmBlocks;
     f.dispatch_by_row = layer == 0 && layer0.mode.order == DispatchOrder::kRows;
@@ -453,7 +457,8 @@ struct MoeLayer::Impl {
       cuda::run_fused_layer0(g, f, s);
     } else {
       g.done_flags = f.col_done;
-      cuda::run_fused_layer1(g, f, s);
+      if (cuda::layer1_helper_combine()) cuda::run_fused_layer1_helpers(g, f, s);
+      else cuda::run_fused_layer1(g, f, s);
     }
   }
   // The fused kernels with idle communication blocks and no signals (run_part(kFusedGemms)).
@@ -463,6 +468,7 @@ struct MoeLayer::Impl {
       f.stall = 1;  // comm blocks return at once; GEMM blocks neither wait nor join the combine
       const cuda::GroupedGemmArgs g = gemm_args(k, layer);
       if (layer == 0) cuda::run_fused_layer0(g, f, s);
+      else if (cuda::layer1_helper_combine()) cuda::run_fused_layer1_helpers(g, f, s);
       else cuda::run_fused_layer1(g, f, s);
     }
   }
@@ -601,7 +607,8 @@ struct MoeLayer::Impl {
   void prepare_trace(cudaStream_t stream) {
     const int64_t mt = plan_layout.max_m_tiles, warps = int64_t(num_sms) * cuda::kTraceWarpsPerBlock;
     const int64_t slots = int64_t(config.layout.world) * config.max_tokens_per_rank;
-    const int groups = cuda::combine_groups(int(plan_layout.n_blocks1));
+    const int groups = cuda::combine_groups(int(plan_layout.n_blocks1),
+                                            cuda::layer1_helper_combine() ? 2 * cuda::kCombineGroupBlocks : cuda::kCombineGroupBlocks);
     TraceBuffers want;
     want.tiles0 = mt * plan_layout.n_blocks0;
     want.tiles1 = mt * plan_layout.n_blocks1;

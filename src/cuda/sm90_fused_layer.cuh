@@ -33,6 +33,19 @@ __global__ void __launch_bounds__(Gemm::kThreads, 1)
     Gemm::template run_block<false>(g, 0, 1, smem, typename Gemm::NoWork{}, dispatch);
     return;
   }
+  // Layer1 with helper registers: no communication blocks; the producer warpgroup's warps 1-3
+  // of every block claim combine items while the block runs GEMM1 tiles, and the consumers join
+  // once their tiles are done.
+  if constexpr (kLayer == 1 && Gemm::kHelperRegs > 0) {
+    const auto combine = [&f](char*) {
+      if (!f.stall) combine_rows(f, f.plan.recv_psum, 0, 1);
+    };
+    const auto join = [&f] {
+      if (!f.stall) combine_rows(f, f.plan.recv_psum, 0, 1);
+    };
+    Gemm::template run_block<false>(g, 0, 1, smem, join, combine);
+    return;
+  }
   if (int(blockIdx.x) < f.n_comm) {
     if (f.stall) return;
     int32_t* psum = reinterpret_cast<int32_t*>(smem);
@@ -86,11 +99,14 @@ void launch_fused_layer(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, 
     COMET_CHECK(per_sm >= 1, "fused layer" << kLayer << ": a block does not fit on an SM");
     sms_of_device[device].store(num_sms, std::memory_order_relaxed);
   }
-  constexpr bool kGemmBlockCopies = kLayer == 0 && Gemm::kHelperSmemBytes > 0;
+  constexpr bool kGemmBlockCopies = (kLayer == 0 && Gemm::kHelperSmemBytes > 0) || (kLayer == 1 && Gemm::kHelperRegs > 0);
   if constexpr (kGemmBlockCopies) {
-    COMET_CHECK(gemm.tile_claims != nullptr, "fused layer0 with copies in the GEMM blocks needs claimed tiles");
-    COMET_CHECK(bulk_dispatch_slots(Gemm::kHelperSmemBytes, comm.hidden) >= 1,
-                "fused layer0: a row of " << comm.hidden << " bf16 does not fit the GEMM blocks' copy ring");
+    COMET_CHECK(gemm.tile_claims != nullptr, "fused layer" << kLayer << " with copies in the GEMM blocks needs claimed tiles");
+    if constexpr (kLayer == 0)
+      COMET_CHECK(bulk_dispatch_slots(Gemm::kHelperSmemBytes, comm.hidden) >= 1,
+                  "fused layer0: a row of " << comm.hidden << " bf16 does not fit the GEMM blocks' copy ring");
+    else
+      COMET_CHECK(comm.combine_claims != nullptr || comm.stall, "fused layer1 with the combine in the GEMM blocks needs claimed items");
   } else {
     COMET_CHECK(comm.n_comm >= 1 && comm.n_comm < num_sms,
                 "fused layer" << kLayer << ": n_comm " << comm.n_comm << " must be in [1, " << num_sms - 1 << "]");

@@ -63,8 +63,10 @@ using namespace cute;
 
 // kHelperSmemBytes: shared memory set aside (out of the mainloop's stages) for a helper that a
 // warp of the producer warpgroup runs beside the GEMM (run_block); 0 for none.
+// kHelperRegs: registers per producer-warpgroup thread for helpers in its warps 1-3 (the
+// consumers get the rest of the register file); 0: 40, and the helper (if any) in warp 1 only.
 template <GemmEpilogue kEpilogue, int kTileM_, int kTileN_, int kTileK_, int kClusterM_ = 1, bool kPingpong_ = false,
-          int kHelperSmemBytes_ = 0>
+          int kHelperSmemBytes_ = 0, int kHelperRegs_ = 0>
 struct GroupedGemmKernel {
   static constexpr int kClusterM = kClusterM_;  // blocks per cluster, along M (they share B)
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 blocks");
@@ -90,8 +92,10 @@ struct GroupedGemmKernel {
   static constexpr int kPasses = kOutN / kStageCols;
   static_assert(kOutN % kStageCols == 0, "output tile must be whole staging passes");
   static constexpr int kStageBytes = kTileM * kStageLd * 2;
-  static constexpr uint32_t kProducerRegs = 40;
-  static constexpr uint32_t kConsumerRegs = 232;
+  static constexpr int kHelperRegs = kHelperRegs_;
+  static constexpr uint32_t kProducerRegs = kHelperRegs > 0 ? kHelperRegs : 40;
+  static constexpr uint32_t kConsumerRegs = kHelperRegs > 0 ? ((65536 - 128 * kHelperRegs) / 256) / 8 * 8 : 232;
+  static_assert(kHelperRegs % 8 == 0 && kConsumerRegs <= 256, "setmaxnreg takes multiples of 8 up to 256");
   static constexpr int kHelperSmemBytes = kHelperSmemBytes_;
 
   using Element = cutlass::bfloat16_t;
@@ -276,8 +280,12 @@ struct GroupedGemmKernel {
       // Step 1 (producer): the other three warps give their registers away and leave.
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if constexpr (!std::is_same_v<Helper, NoHelper>) {
-        static_assert(kHelperSmemBytes > 0, "a helper needs shared memory set aside");
-        if (warp_in_group == 1) helper(shared.helper);
+        if constexpr (kHelperRegs > 0) {
+          if (warp_in_group != 0) helper(nullptr);
+        } else {
+          static_assert(kHelperSmemBytes > 0, "a helper needs shared memory set aside");
+          if (warp_in_group == 1) helper(shared.helper);
+        }
       }
       if (warp_in_group != 0) return;
       produce<kSplitTiles>(p, shared, pipeline, queue, gemm_block, num_gemm_blocks, num_tiles);
