@@ -227,7 +227,8 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
               std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m) + "-s" +
               std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms) +
               "-c" + layer0_copies_name(row.layer0.copies) +
-              "-o" + dispatch_order_name(row.layer0.order) + "-e" + on_off(row.epilogue_combine);
+              "-o" + dispatch_order_name(row.layer0.order) + "-e" + on_off(row.epilogue_combine) + "-l" +
+              layer1_combine_name(row.layer1_combine);
     if (per_process) stem += "-rank" + std::to_string(row.rank);
     row.trace_path = stem + ".json";
   }
@@ -264,7 +265,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
         for (const RoutingSpec& routing : o.routings) workloads.push_back({ep, tp, name, tokens, routing});
   const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size() * o.layer0_stages.size() *
                          o.unfused_gemms.size() * o.layer0_copies.size() * o.dispatch_orders.size() *
-                         o.epilogue_combine.size());
+                         o.epilogue_combine.size() * o.layer1_combine.size());
   const int total = int(workloads.size()) * combos;
   int done = 0;
   for (const Workload& w : workloads) {
@@ -312,8 +313,10 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
         for (UnfusedGemms unfused_gemms : o.unfused_gemms)
         for (std::optional<Layer0Copies> copies0 : o.layer0_copies)
         for (std::optional<DispatchOrder> order0 : o.dispatch_orders)
-        for (bool epilogue_combine : o.epilogue_combine) {
-          if (copies0 == Layer0Copies::kGemmBlocks && n0 != o.n_comm0.front()) {  // n_comm0 unused
+        for (bool epilogue_combine : o.epilogue_combine)
+        for (Layer1Combine combine1 : o.layer1_combine) {
+          if ((copies0 == Layer0Copies::kGemmBlocks && n0 != o.n_comm0.front()) ||  // n_comm0 unused
+              (combine1 == Layer1Combine::kGemmBlocks && n1 != o.n_comm1.front())) {  // n_comm1 unused
             ++done;
             continue;
           }
@@ -326,9 +329,11 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           fused.path = ForwardPath::kFused;
           fused.unfused_gemms = unfused_gemms;  // compute-only runs the unfused GEMMs under either
           fused.epilogue_combine = epilogue_combine;
+          fused.layer1_combine = combine1;
           LayerOptions unfused_row = unfused;
           unfused_row.unfused_gemms = unfused_gemms;
           unfused_row.epilogue_combine = epilogue_combine;
+          unfused_row.layer1_combine = combine1;
           fused.n_comm0 = n0;
           fused.n_comm1 = n1;
           fused.layer0_group_m = group;
@@ -352,11 +357,13 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.unfused_gemms = unfused_gemms;
           row.layer0 = layer.layer0_mode().mode;
           row.epilogue_combine = epilogue_combine;
+          row.layer1_combine = combine1;
           row.n_comm_source = layer.n_comm().source;
           row.tuned_fused = tuned_path.fused;
           row.path_source = tuned_path.source;
           row.fused_equals_unfused = checked_forward(layer, c, *in, tokens, stream) == want;
-          if (unfused_gemms != unfused.unfused_gemms || epilogue_combine != unfused.epilogue_combine) {
+          if (unfused_gemms != unfused.unfused_gemms || epilogue_combine != unfused.epilogue_combine ||
+              combine1 != unfused.layer1_combine) {
             // this row's unfused forward gives the same output too
             layer.set_options(unfused_row);
             row.fused_equals_unfused = row.fused_equals_unfused && checked_forward(layer, c, *in, tokens, stream) == want;

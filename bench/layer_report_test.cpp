@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "bench/layer_bench.h"
 
@@ -55,25 +57,40 @@ TEST(LayerReport, TracedRowsReportTheTimelinesHiddenCommunication) {
   EXPECT_FALSE(j[1].contains("trace"));
 }
 
-// A row's LayerOptions::epilogue_combine: column `ec` of the table, key `epilogue_combine` of the JSON.
-TEST(LayerReport, RowsSayWhetherTheEpilogueCombined) {
-  LayerBenchRow on = row(), off = row();
-  off.epilogue_combine = false;
+// The two rows' text under the table's right-aligned column `header_field` (its last character
+// lines up with each value's): as many characters as the field has.
+std::pair<std::string, std::string> column_of_two_rows(const LayerBenchRow& a, const LayerBenchRow& b,
+                                                       const std::string& header_field) {
   std::ostringstream os;
-  print_layer_table({on, off}, os);
+  print_layer_table({a, b}, os);
   std::istringstream lines(os.str());
   std::string header, first, second;
   std::getline(lines, header);
   std::getline(lines, first);
   std::getline(lines, second);
-  const size_t column = header.find(" ec");
-  ASSERT_NE(column, std::string::npos) << header;
-  // Right-aligned under the header's "ec": its last character lines up with the value's.
-  EXPECT_EQ(first.substr(column, 3), " on") << os.str();
-  EXPECT_EQ(second.substr(column, 3), "off") << os.str();
+  const size_t column = header.find(header_field);
+  if (column == std::string::npos) return {"no column " + header_field, header};
+  return {first.substr(column, header_field.size()), second.substr(column, header_field.size())};
+}
+
+// A row's LayerOptions::epilogue_combine: column `ec` of the table, key `epilogue_combine` of the JSON.
+TEST(LayerReport, RowsSayWhetherTheEpilogueCombined) {
+  LayerBenchRow on = row(), off = row();
+  off.epilogue_combine = false;
+  EXPECT_EQ(column_of_two_rows(on, off, " ec"), std::make_pair(std::string(" on"), std::string("off")));
   const nlohmann::json j = nlohmann::json::parse(layer_rows_json({on, off}));
   EXPECT_TRUE(j[0]["epilogue_combine"].get<bool>());
   EXPECT_FALSE(j[1]["epilogue_combine"].get<bool>());
+}
+
+// A row's LayerOptions::layer1_combine: column `cb1` of the table, key `layer1_combine` of the JSON.
+TEST(LayerReport, RowsSayWhoRanLayer1sCombine) {
+  LayerBenchRow blocks = row(), gemm = row();
+  gemm.layer1_combine = Layer1Combine::kGemmBlocks;
+  EXPECT_EQ(column_of_two_rows(blocks, gemm, "    cb1"), std::make_pair(std::string(" blocks"), std::string("   gemm")));
+  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({blocks, gemm}));
+  EXPECT_EQ(j[0]["layer1_combine"].get<std::string>(), "blocks");
+  EXPECT_EQ(j[1]["layer1_combine"].get<std::string>(), "gemm");
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ struct BenchLayerOptions {
   std::vector<std::string> layer0_copies{"auto"};    // each auto | blocks | gemm (LayerOptions::layer0_copies), swept
   std::vector<std::string> unfused_gemms{"fused"};  // each fused | auto (LayerOptions::unfused_gemms), swept
   std::vector<std::string> epilogue_combine{"on"};  // each on | off (LayerOptions::epilogue_combine), swept
+  std::vector<std::string> layer1_combine{"blocks"};  // each blocks | gemm (LayerOptions::layer1_combine), swept
   bool json = false;
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
   std::string trace;                // timeline of one traced fused forward per row (FILE.json + FILE.svg)

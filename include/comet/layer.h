@@ -66,6 +66,21 @@ enum class ForwardPath {
   kTuned,
 };
 
+// Who runs layer1's combine in the fused forward (docs/gpu_layer.md "Layer1 combine").
+enum class Layer1Combine {
+  // n_comm1 communication blocks beside GEMM1 on the cooperative 128x256 configuration; the
+  // GEMM blocks join once their tiles are done.
+  kCommBlocks,
+  // Warps 1-3 of every block's producer warpgroup, beside GEMM1 on ping-pong 128x128 tiles, with
+  // registers moved to them from the consumers (152 per thread, consumers 176); no communication
+  // blocks (n_comm1 unused). Layer1's column blocks are then 128 columns wide in the whole
+  // forward: the unfused pipeline and compute-only run GEMM1 on ping-pong as well. On one H200
+  // (W = 8, T = 4096): deepseek-v3 2.6% faster, qwen3-30b-a3b 7% slower.
+  kGemmBlocks,
+};
+// "blocks" or "gemm", as `--combine1` spells it.
+inline const char* layer1_combine_name(Layer1Combine c) { return c == Layer1Combine::kGemmBlocks ? "gemm" : "blocks"; }
+
 // How forward() runs.
 struct LayerOptions {
   ForwardPath path = ForwardPath::kTuned;
@@ -96,6 +111,9 @@ struct LayerOptions {
   // link emulation (`link`: the epilogue's stores cannot be paced), where every token goes
   // through the combine.
   bool epilogue_combine = true;
+  // Who runs layer1's combine (above). Not under link emulation (`link`): the GEMM blocks'
+  // combine is not paced.
+  Layer1Combine layer1_combine = Layer1Combine::kCommBlocks;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
   // Record the fused kernels' timeline (needs path kFused): per block, every GEMM tile, the GEMM

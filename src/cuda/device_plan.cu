@@ -70,7 +70,7 @@ struct PlanShape {
   int chunks;  // token chunks per source: ceil(t_max / kChunkTokens)
   int64_t max_rows, max_m_tiles;
   int n_blocks0, n_blocks1;
-  int raster_n1;  // layer1 raster group in column blocks (1024 columns)
+  int raster_n1;  // layer1 raster group in column blocks: a combine group (combine_group_blocks)
   // id / experts_per_rank without a division (cuda/expert_group.h; exactness checked on the host).
   ExpertGroupOf group_of;
 };
@@ -600,8 +600,8 @@ PlanShape plan_shape(const LayerConfig& c) {
   s.max_rows = layout.max_rows;
   s.max_m_tiles = layout.max_m_tiles;
   s.n_blocks0 = int(layout.n_blocks0);
-  s.n_blocks1 = int(layout.n_blocks1);
-  s.raster_n1 = layer1_helper_combine() ? 2 * kRasterGroupN : kRasterGroupN;
+  s.n_blocks1 = int(layout.n_blocks1);  // build_device_plans sets the launch's (layer1_width)
+  s.raster_n1 = kRasterGroupN;
   s.chunks = (s.t_max + kChunkTokens - 1) / kChunkTokens;
   s.group_of = ExpertGroupOf::for_experts_per_rank(s.experts_per_rank);
   return s;
@@ -625,8 +625,8 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
   max_rows = c.max_rows_per_rank();
   max_m_tiles = c.max_m_tiles_per_rank();
   n_blocks0 = gemm_num_n_blocks(GemmEpilogue::kSwiGlu, c.ffn_per_rank(), GemmKernel::kCooperative128x256);
-  n_blocks1 = gemm_num_n_blocks(GemmEpilogue::kIdentity, c.model.hidden,
-                                layer1_helper_combine() ? GemmKernel::kPingpong128x128 : GemmKernel::kCooperative128x256);
+  // Sized for the narrowest layer1 column blocks (DevicePlanArgs::layer1_width).
+  n_blocks1 = gemm_num_n_blocks(GemmEpilogue::kIdentity, c.model.hidden, GemmKernel::kPingpong128x128);
   const int64_t K = rows_per_token;
   const int64_t sizes[] = {E * 4, (E + 1) * 4, W * 4, (W + 1) * 4, W * Tm * 4, W * Tm * K * 4, W * Tm * K * 4,
                            Tm * W * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, 4 * 4,
@@ -678,7 +678,14 @@ void launch_plan_kernels(const PlanShape& s, const DevicePlanArgs* args, int cou
 }  // namespace
 
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream) {
-  const PlanShape s = plan_shape(config);
+  PlanShape s = plan_shape(config);
+  // Layer1's column blocks, as wide as the launch's GEMM1 tiles (the same for every rank).
+  const int width = count > 0 ? args[0].layer1_width : 0;
+  COMET_CHECK(width == 128 || width == 256, "build_device_plan: layer1_width " << width << " must be 128 or 256");
+  for (int i = 0; i < count; ++i)
+    COMET_CHECK(args[i].layer1_width == width, "build_device_plan: the ranks of one launch disagree on layer1_width");
+  s.n_blocks1 = (s.hidden + width - 1) / width;
+  s.raster_n1 = combine_group_blocks(width);
   for (int i = 0; i < count; ++i) {
     const DevicePlanArgs& a = args[i];
     COMET_CHECK(a.rank >= 0 && a.rank < s.world, "build_device_plan: rank " << a.rank << " outside [0, " << s.world << ")");

@@ -7,7 +7,8 @@
 // tiles and layer0 order. Ring positions: pos p of rank r is source (r + p) mod W.
 //
 // Buffers (DevicePlanLayout, all int32 unless noted; Tm = T_max, K = min(topk, E/EP) rows a
-// token can send to one rank, MT = max M tiles = max_rows / 128, NB0/NB1 = column blocks):
+// token can send to one rank, MT = max M tiles = max_rows / 128, NB0/NB1 = column blocks, NB1
+// at the narrowest layer1 width, 128):
 //   expert_rows    [E/EP]         rows of each local expert
 //   expert_offset  [E/EP + 1]     padded segment starts (multiples of 128)
 //   recv_count     [W]            tokens received from the source at ring position p
@@ -120,6 +121,9 @@ struct DevicePlanArgs {
   // Stages of the layer0 order (Layer0Schedule, include/comet/plan.h); 0: W. Fewer stages read
   // each expert's weights fewer times; more let tiles start on fewer arrived sources.
   int layer0_stages = 0;
+  // Columns of layer1's column blocks: GEMM1's tile width (256 cooperative, 128 ping-pong). The
+  // tile list (in combine groups of combine_group_blocks(width)) and the column signals follow.
+  int layer1_width = 256;
   // Records bad input (token count above T_max, expert id out of range, an expert repeated
   // within a token, rows beyond the buffers); a refused plan has no tiles, receives nothing and
   // sends nothing.

@@ -54,7 +54,7 @@ struct FusedCommArgs {
   int hidden = 0, rows_per_token = 0, world = 1, rank = 0, t_max = 0;
   int num_col_blocks = 0;             // layer1 column blocks
   int col_width = 256;                // output columns of one layer1 column block
-  int combine_group_blocks = 4;       // column blocks per combine group (GEMM1's raster group)
+  int combine_group_blocks = 4;       // column blocks per combine group (combine_group_blocks())
   int n_comm = 16;                    // blocks that communicate
   // layer0 only: no communication blocks; a warp of every GEMM block moves the rows with bulk
   // asynchronous copies (LayerOptions::layer0_copies, cuda/dispatch_bulk.cuh); n_comm unused.
@@ -88,9 +88,9 @@ inline constexpr int kDispatchRingBytes = 47 * 1024;
 // Whether a token row of `hidden` bf16 fits that ring (cuda/dispatch_bulk.cuh).
 bool bulk_dispatch_fits(int hidden);
 void run_fused_layer1(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream);
-// Prototype (COMET_LAYER1_HELPERS=1): layer1 on ping-pong 128x128 tiles, the combine run by the
-// producer warpgroup's idle warps of every block with rebalanced registers (no communication blocks).
-bool layer1_helper_combine();
-void run_fused_layer1_helpers(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream);
+// Layer1Combine::kGemmBlocks: GEMM1 on ping-pong 128x128 tiles (gemm.kernel must say so), the
+// combine run by warps 1-3 of every block's producer warpgroup with registers moved to them from
+// the consumers; no communication blocks (comm.n_comm unused); needs claimed tiles and items.
+void run_fused_layer1_gemm_combine(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream);
 
 }  // namespace comet::cuda

@@ -127,8 +127,8 @@ Status can_implement(const GroupedGemmArgs& a) {
       return Status::failure(os.str());
     }
   }
-  // Clusters would need one claim per pair; ping-pong could claim, but only the cooperative
-  // configuration (the fused kernels') is tested with claims.
+  // Clusters would need one claim per pair. The fused kernels claim: cooperative 128x256, and
+  // ping-pong 128x128 for layer1 with the combine in the GEMM blocks (Layer1Combine::kGemmBlocks).
   if (a.tile_claims != nullptr && kernel != GemmKernel::kCooperative128x256 && kernel != GemmKernel::kPingpong128x128) {
     os << "grouped GEMM: claimed tiles (tile_claims) need " << gemm_kernel_name(GemmKernel::kCooperative128x256)
        << ", not " << gemm_kernel_name(kernel);

@@ -296,9 +296,15 @@ struct MoeLayer::Impl {
     return g;
   }
   uint64_t timeout_ns() const { return uint64_t(options.timeout_s * 1e9); }
-  static cuda::GemmKernel layer1_kernel() {
-    return cuda::layer1_helper_combine() ? cuda::GemmKernel::kPingpong128x128 : cuda::GemmKernel::kCooperative128x256;
+  // Layer1's GEMM configuration, column blocks and combine groups follow who runs the combine
+  // (LayerOptions::layer1_combine): the plan, the GEMMs and the combine must agree, so all ask here.
+  bool layer1_gemm_combine() const { return options.layer1_combine == Layer1Combine::kGemmBlocks; }
+  cuda::GemmKernel layer1_kernel() const {
+    return layer1_gemm_combine() ? cuda::GemmKernel::kPingpong128x128 : cuda::GemmKernel::kCooperative128x256;
   }
+  int layer1_col_width() const { return cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, layer1_kernel()); }
+  int layer1_col_blocks() const { return (config.model.hidden + layer1_col_width() - 1) / layer1_col_width(); }
+  int combine_group_blocks() const { return cuda::combine_group_blocks(layer1_col_width()); }
 
   enum class Signals { kOff, kOn };
   // What the data movement of a rank's layer needs (cuda/comm_rows.cuh); with signals on, the
@@ -316,9 +322,9 @@ struct MoeLayer::Impl {
     f.world = config.layout.world;
     f.rank = k.rank;
     f.t_max = config.max_tokens_per_rank;
-    f.num_col_blocks = int(plan_layout.n_blocks1);
-    f.col_width = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, layer1_kernel());
-    f.combine_group_blocks = cuda::layer1_helper_combine() ? 2 * cuda::kCombineGroupBlocks : cuda::kCombineGroupBlocks;
+    f.num_col_blocks = layer1_col_blocks();
+    f.col_width = layer1_col_width();
+    f.combine_group_blocks = combine_group_blocks();
     f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
     f.gemm_block_copies = layer == 0 && layer0.mode.copies == Layer0Copies::kGemmBlocks;
     f.dispatch_by_row = layer == 0 && layer0.mode.order == DispatchOrder::kRows;
@@ -371,6 +377,7 @@ struct MoeLayer::Impl {
       a.error = k.error;
       a.layer0_group_m = layer0_group_m();
       a.layer0_stages = layer0_stages();
+      a.layer1_width = layer1_col_width();
       if (signals == Signals::kOn) {
         uint64_t* e = k.epochs;
         const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
@@ -457,7 +464,7 @@ struct MoeLayer::Impl {
       cuda::run_fused_layer0(g, f, s);
     } else {
       g.done_flags = f.col_done;
-      if (cuda::layer1_helper_combine()) cuda::run_fused_layer1_helpers(g, f, s);
+      if (layer1_gemm_combine()) cuda::run_fused_layer1_gemm_combine(g, f, s);
       else cuda::run_fused_layer1(g, f, s);
     }
   }
@@ -468,7 +475,7 @@ struct MoeLayer::Impl {
       f.stall = 1;  // comm blocks return at once; GEMM blocks neither wait nor join the combine
       const cuda::GroupedGemmArgs g = gemm_args(k, layer);
       if (layer == 0) cuda::run_fused_layer0(g, f, s);
-      else if (cuda::layer1_helper_combine()) cuda::run_fused_layer1_helpers(g, f, s);
+      else if (layer1_gemm_combine()) cuda::run_fused_layer1_gemm_combine(g, f, s);
       else cuda::run_fused_layer1(g, f, s);
     }
   }
@@ -607,8 +614,7 @@ struct MoeLayer::Impl {
   void prepare_trace(cudaStream_t stream) {
     const int64_t mt = plan_layout.max_m_tiles, warps = int64_t(num_sms) * cuda::kTraceWarpsPerBlock;
     const int64_t slots = int64_t(config.layout.world) * config.max_tokens_per_rank;
-    const int groups = cuda::combine_groups(int(plan_layout.n_blocks1),
-                                            cuda::layer1_helper_combine() ? 2 * cuda::kCombineGroupBlocks : cuda::kCombineGroupBlocks);
+    const int groups = cuda::combine_groups(layer1_col_blocks(), combine_group_blocks());
     TraceBuffers want;
     want.tiles0 = mt * plan_layout.n_blocks0;
     want.tiles1 = mt * plan_layout.n_blocks1;
@@ -789,6 +795,9 @@ void MoeLayer::set_options(const LayerOptions& o) {
     COMET_CHECK(refusal.empty(), "MoeLayer: layer0 copies in the GEMM blocks: " << refusal
                                                                               << "; use Layer0Copies::kCommBlocks");
   }
+  COMET_CHECK(o.layer1_combine != Layer1Combine::kGemmBlocks || !o.link.on(),
+              "MoeLayer: layer1's combine in the GEMM blocks cannot be paced to an emulated link (link emulation "
+              "is on); use Layer1Combine::kCommBlocks");
   impl_->options = o;
   impl_->resolve_choices();
 }

@@ -150,8 +150,9 @@ class FusedLayerTest : public ::testing::TestWithParam<LayerCase> {};
 
 // The fused kernels with each (n_comm0, n_comm1), and once more with layer0's copies in the GEMM
 // blocks (Layer0Copies::kGemmBlocks, the last pair's n_comm1), then fused and unfused without the
-// epilogue combine (LayerOptions::epilogue_combine: every token through the combine), `calls`
-// forwards each on poisoned outputs: y must equal `unfused` bitwise every time.
+// epilogue combine (LayerOptions::epilogue_combine: every token through the combine), and with
+// layer1's combine in the GEMM blocks (Layer1Combine::kGemmBlocks), `calls` forwards each on
+// poisoned outputs: y must equal `unfused` bitwise every time.
 void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
                                  const std::vector<std::vector<float>>& unfused,
                                  std::initializer_list<std::pair<int, int>> n_comms, int calls,
@@ -180,12 +181,22 @@ void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
     runs.back().path = path;
     runs.back().epilogue_combine = false;
   }
+  // Layer1's combine in the GEMM blocks (ping-pong GEMM1 on 128-column blocks), fused and
+  // unfused, with and without the epilogue combine.
+  for (ForwardPath path : {ForwardPath::kFused, ForwardPath::kUnfused})
+    for (bool epilogue : {true, false}) {
+      runs.push_back(last);
+      runs.back().path = path;
+      runs.back().epilogue_combine = epilogue;
+      runs.back().layer1_combine = Layer1Combine::kGemmBlocks;
+    }
   for (const LayerOptions& o : runs) {
     SCOPED_TRACE(std::string(o.path == ForwardPath::kUnfused ? "unfused" : "fused") + " n_comm " +
                  std::to_string(o.n_comm0) + "/" + std::to_string(o.n_comm1) +
                  (o.layer0_copies == Layer0Copies::kGemmBlocks ? ", layer0 copies in the GEMM blocks" : "") +
                  (o.dispatch_order == DispatchOrder::kRows ? ", dispatch in row order" : "") +
-                 (o.epilogue_combine ? "" : ", no epilogue combine"));
+                 (o.epilogue_combine ? "" : ", no epilogue combine") +
+                 (o.layer1_combine == Layer1Combine::kGemmBlocks ? ", layer1 combine in the GEMM blocks" : ""));
     layer.set_options(o);
     for (int call = 0; call < calls; ++call) {
       d.poison_y();
@@ -383,6 +394,9 @@ TEST(MoeLayer, Layer0ModeFollowsTheTableEntryUnlessOptionsFixIt) {
   EXPECT_EQ(rig.forward(paced), want);
   paced.layer0_copies = Layer0Copies::kGemmBlocks;
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(paced); }, {"GEMM blocks", "emulated link"}));
+  paced.layer0_copies = Layer0Copies::kCommBlocks;
+  paced.layer1_combine = Layer1Combine::kGemmBlocks;  // layer1's combine cannot be paced there either
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(paced); }, {"layer1", "GEMM blocks", "emulated link"}));
 }
 
 // A token row too large for the GEMM blocks' copy ring (hidden 24576: 48 KB of bf16): options
