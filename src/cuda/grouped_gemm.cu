@@ -130,8 +130,9 @@ Status can_implement(const GroupedGemmArgs& a) {
   // Clusters would need one claim per pair. The fused kernels claim: cooperative 128x256, and
   // ping-pong 128x128 for layer1 with the combine in the GEMM blocks (Layer1Combine::kGemmBlocks).
   if (a.tile_claims != nullptr && kernel != GemmKernel::kCooperative128x256 && kernel != GemmKernel::kPingpong128x128) {
-    os << "grouped GEMM: claimed tiles (tile_claims) need " << gemm_kernel_name(GemmKernel::kCooperative128x256)
-       << ", not " << gemm_kernel_name(kernel);
+    os << "grouped GEMM: claimed tiles (tile_claims) need a configuration without clusters ("
+       << gemm_kernel_name(GemmKernel::kCooperative128x256) << " or " << gemm_kernel_name(GemmKernel::kPingpong128x128)
+       << "), not " << gemm_kernel_name(kernel);
     return Status::failure(os.str());
   }
   if (a.split.blocks != 0 || a.split_pieces != nullptr || a.split_partials != nullptr || a.split_flags != nullptr) {

@@ -419,21 +419,25 @@ TEST(GroupedGemm, DeviceScheduleIsTheHostOne) {
 
 // Claimed tiles (GroupedGemmArgs::tile_claims) give the same output as static ones, bit for bit,
 // on the full grid and on 3 blocks, and leave the counter at zero for the next launch (a
-// second launch on the same counter runs every tile again).
+// second launch on the same counter runs every tile again). Both configurations that claim:
+// cooperative 128x256 (the fused kernels) and ping-pong 128x128 (layer1 with the combine in the
+// GEMM blocks).
 TEST(GroupedGemm, ClaimedTilesMatchStaticTilesBitwise) {
   COMET_REQUIRE_GPU();
-  for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
-    const GemmCase c{"claimed", epilogue, 512, 768, {0, 1, 700, 0, 128, 129, 300, 0}, 91, GemmKernel::kCooperative128x256};
-    SCOPED_TRACE(c.describe());
-    const GemmProblem p = make_gemm_problem(c);
-    const GemmRun fixed = run_checked(p, TileOrder::kRowMajor);
-    for (int blocks : {0, 3}) {
-      SCOPED_TRACE("blocks " + std::to_string(blocks));
-      const GemmRun claimed = run_case(p, TileOrder::kRowMajor, nullptr, 2'000'000'000ull, {true, blocks});
-      EXPECT_EQ(claimed.error.claimed, 0) << describe(claimed.error);
-      EXPECT_EQ(claimed.num_tiles, fixed.num_tiles);
-      EXPECT_EQ(claimed.claims, 0u) << "the launch left its claim counter at " << claimed.claims;
-      EXPECT_EQ(claimed.d, fixed.d) << "claimed tiles changed the output";
+  for (auto kernel : {GemmKernel::kCooperative128x256, GemmKernel::kPingpong128x128}) {
+    for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
+      const GemmCase c{"claimed", epilogue, 512, 768, {0, 1, 700, 0, 128, 129, 300, 0}, 91, kernel};
+      SCOPED_TRACE(c.describe());
+      const GemmProblem p = make_gemm_problem(c);
+      const GemmRun fixed = run_checked(p, TileOrder::kRowMajor);
+      for (int blocks : {0, 3}) {
+        SCOPED_TRACE("blocks " + std::to_string(blocks));
+        const GemmRun claimed = run_case(p, TileOrder::kRowMajor, nullptr, 2'000'000'000ull, {true, blocks});
+        EXPECT_EQ(claimed.error.claimed, 0) << describe(claimed.error);
+        EXPECT_EQ(claimed.num_tiles, fixed.num_tiles);
+        EXPECT_EQ(claimed.claims, 0u) << "the launch left its claim counter at " << claimed.claims;
+        EXPECT_EQ(claimed.d, fixed.d) << "claimed tiles changed the output";
+      }
     }
   }
 }
@@ -620,14 +624,15 @@ TEST(GroupedGemm, CanImplementRefusesBadShapes) {
   EXPECT_FALSE(s.ok);
   a.max_rows = 256;
   EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
-  // Claimed tiles with the cooperative configuration only (clusters run a fixed pairing of
-  // tiles); whole clusters of blocks.
+  // Claimed tiles without clusters only (clusters run a fixed pairing of tiles); whole
+  // clusters of blocks.
   unsigned counter = 0;
   a.tile_claims = &counter;
-  a.kernel = GemmKernel::kCooperative128x256;
-  EXPECT_TRUE(can_implement(a).ok) << can_implement(a).reason;
-  for (GemmKernel kernel : {GemmKernel::kCooperative128x256Cluster2x1, GemmKernel::kPingpong128x128,
-                            GemmKernel::kPingpong128x128Cluster2x1}) {
+  for (GemmKernel kernel : {GemmKernel::kCooperative128x256, GemmKernel::kPingpong128x128}) {
+    a.kernel = kernel;
+    EXPECT_TRUE(can_implement(a).ok) << gemm_kernel_name(kernel) << ": " << can_implement(a).reason;
+  }
+  for (GemmKernel kernel : {GemmKernel::kCooperative128x256Cluster2x1, GemmKernel::kPingpong128x128Cluster2x1}) {
     a.kernel = kernel;
     s = can_implement(a);
     EXPECT_FALSE(s.ok) << gemm_kernel_name(kernel);
