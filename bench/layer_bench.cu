@@ -314,7 +314,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
         for (std::optional<Layer0Copies> copies0 : o.layer0_copies)
         for (std::optional<DispatchOrder> order0 : o.dispatch_orders)
         for (bool epilogue_combine : o.epilogue_combine)
-        for (Layer1Combine combine1 : o.layer1_combine) {
+        for (std::optional<Layer1Combine> combine1 : o.layer1_combine) {
           if ((copies0 == Layer0Copies::kGemmBlocks && n0 != o.n_comm0.front()) ||  // n_comm0 unused
               (combine1 == Layer1Combine::kGemmBlocks && n1 != o.n_comm1.front())) {  // n_comm1 unused
             ++done;
@@ -357,7 +357,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.unfused_gemms = unfused_gemms;
           row.layer0 = layer.layer0_mode().mode;
           row.epilogue_combine = epilogue_combine;
-          row.layer1_combine = combine1;
+          row.layer1_combine = layer.layer1_combine().combine;
           row.n_comm_source = layer.n_comm().source;
           row.tuned_fused = tuned_path.fused;
           row.path_source = tuned_path.source;

@@ -52,9 +52,10 @@ struct LayerBenchOptions {
   // LayerOptions::epilogue_combine of the fused and unfused forwards, swept: one row each.
   std::vector<bool> epilogue_combine{true};
   // LayerOptions::layer1_combine of the fused and unfused forwards (and so of compute-only's
-  // GEMM1), swept: one row each. With the combine in the GEMM blocks n_comm1 is unused, so only
-  // the first n_comm1 gets a row.
-  std::vector<Layer1Combine> layer1_combine{Layer1Combine::kCommBlocks};
+  // GEMM1), swept: one row each; unset: MoeLayer chooses (tuning table, else communication
+  // blocks). With the combine in the GEMM blocks n_comm1 is unused, so only the first n_comm1
+  // gets a row.
+  std::vector<std::optional<Layer1Combine>> layer1_combine{std::nullopt};
   std::vector<int> chunks{2, 4};               // chunk counts tried for the chunked baseline
   // loopback: W virtual ranks on one GPU; local: one GPU per rank in this process; nccl: this
   // process's rank of a `comet launch` run (fabric::make_fabric). With several processes each
@@ -86,7 +87,7 @@ struct LayerBenchRow {
   UnfusedGemms unfused_gemms = UnfusedGemms::kFusedSchedule;  // of the unfused and compute-only times
   Layer0Mode layer0;  // how the fused forward's layer0 moved rows (as MoeLayer resolved it)
   bool epilogue_combine = true;  // LayerOptions::epilogue_combine of both forwards
-  Layer1Combine layer1_combine = Layer1Combine::kCommBlocks;  // of both forwards
+  Layer1Combine layer1_combine = Layer1Combine::kCommBlocks;  // of both forwards (as MoeLayer resolved it)
   std::string n_comm_source;
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;

@@ -104,6 +104,22 @@ void add_layer0_mode_options(CLI::App& app, std::vector<std::string>& copies, st
       ->check(CLI::IsMember({"auto", "ring", "rows"}));
 }
 
+void add_layer1_combine_option(CLI::App& app, std::vector<std::string>& combine) {
+  app.add_option("--combine1", combine,
+                 "who runs layer1's combine (fused and unfused forwards; docs/gpu_layer.md), comma separated list "
+                 "swept: auto (the tuning table's, else blocks), blocks (n_comm1 communication blocks beside the "
+                 "cooperative GEMM1) or gemm (the producer warps of every GEMM block, beside a ping-pong GEMM1 on "
+                 "128-column blocks; n_comm1 unused)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"auto", "blocks", "gemm"}));
+}
+
+std::vector<std::optional<Layer1Combine>> layer1_combine_list(const std::vector<std::string>& names) {
+  std::vector<std::optional<Layer1Combine>> out;
+  for (const std::string& n : names) out.push_back(n == "auto" ? std::nullopt : parse_layer1_combine(n));
+  return out;
+}
+
 std::vector<std::optional<Layer0Copies>> layer0_copies_list(const std::vector<std::string>& names) {
   std::vector<std::optional<Layer0Copies>> out;
   for (const std::string& n : names) out.push_back(n == "auto" ? std::nullopt : parse_layer0_copies(n));

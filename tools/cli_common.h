@@ -19,6 +19,7 @@
 
 #include "comet/config.h"
 #include "comet/layer0_mode.h"
+#include "comet/layer1_combine.h"
 #include "comet/routing.h"
 
 namespace comet::tools {
@@ -58,6 +59,9 @@ bool quiet_rank(const std::string& fabric);
 // names; "auto" leaves the choice to MoeLayer (its tuning table). The lists as options.
 void add_layer0_mode_options(CLI::App& app, std::vector<std::string>& copies, std::vector<std::string>& orders);
 std::vector<std::optional<Layer0Copies>> layer0_copies_list(const std::vector<std::string>& names);
+// --combine1 (auto | blocks | gemm, comma separated; LayerOptions::layer1_combine, auto: unset).
+void add_layer1_combine_option(CLI::App& app, std::vector<std::string>& combine);
+std::vector<std::optional<Layer1Combine>> layer1_combine_list(const std::vector<std::string>& names);
 std::vector<std::optional<DispatchOrder>> dispatch_orders_list(const std::vector<std::string>& names);
 
 // A --routing value (uniform, zipf:S, imbalance:STD); UsageError "--routing: ..." otherwise.

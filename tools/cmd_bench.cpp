@@ -76,12 +76,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->delimiter(',')
       ->check(CLI::IsMember({"fused", "auto"}));
   add_layer0_mode_options(*l, lo.layer0_copies, lo.dispatch_orders);
-  l->add_option("--combine1", lo.layer1_combine,
-                "who runs layer1's combine (fused and unfused forwards; docs/gpu_layer.md), comma separated list "
-                "swept: blocks (n_comm1 communication blocks beside the cooperative GEMM1) or gemm (the producer "
-                "warps of every GEMM block, beside a ping-pong GEMM1 on 128-column blocks; n_comm1 unused)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"blocks", "gemm"}));
+  add_layer1_combine_option(*l, lo.layer1_combine);
   l->add_option("--epilogue-combine", lo.epilogue_combine,
                 "whether GEMM1's epilogue stores tokens with a single row on a rank into their owner's slot "
                 "(fused and unfused forwards; docs/gpu_layer.md), comma separated list swept: on, off")
@@ -199,9 +194,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.dispatch_orders = dispatch_orders_list(o.dispatch_orders);
   lo.epilogue_combine.clear();
   for (const std::string& e : o.epilogue_combine) lo.epilogue_combine.push_back(e == "on");
-  lo.layer1_combine.clear();
-  for (const std::string& e : o.layer1_combine)
-    lo.layer1_combine.push_back(e == "gemm" ? Layer1Combine::kGemmBlocks : Layer1Combine::kCommBlocks);
+  lo.layer1_combine = layer1_combine_list(o.layer1_combine);
   lo.chunks = o.chunks;
   lo.fabric = o.fabric;
   lo.link = link;

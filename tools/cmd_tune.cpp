@@ -1,8 +1,8 @@
-// `comet tune`: sweeps n_comm0 x n_comm1 and the layer0 mode (comet/layer0_mode.h) of the fused
-// kernels over workloads (W virtual ranks on this GPU, or one GPU per rank with --fabric
-// local|nccl) and writes the fastest candidate of each workload into a tuning table
-// (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md), with the unfused forward's time
-// beside it: ForwardPath::kTuned runs the faster of the two.
+// `comet tune`: sweeps n_comm0 x n_comm1, the layer0 mode (comet/layer0_mode.h) and the layer1
+// combine (comet/layer1_combine.h) of the fused kernels over workloads (W virtual ranks on this
+// GPU, or one GPU per rank with --fabric local|nccl) and writes the fastest candidate of each
+// workload into a tuning table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md),
+// with the unfused forward's time beside it: ForwardPath::kTuned runs the faster of the two.
 //   comet tune --models mixtral-8x7b --tokens 1024,4096 --out tuning/nvidia-h200.json
 //   comet launch -n 2 -- comet tune --fabric nccl --ep 2 --models mixtral-8x7b --out tuning/nvidia-h200.json
 #include <cmath>
@@ -26,7 +26,7 @@ namespace comet::tools {
 
 CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
   CLI::App* t = app.add_subcommand(
-      "tune", "sweep n_comm of the fused kernels, time the unfused forward beside them, write a tuning table (needs a GPU)");
+      "tune", "sweep n_comm, the layer0 mode and the layer1 combine of the fused kernels, time the unfused forward beside them, write a tuning table (needs a GPU)");
   t->add_option("--models", o.models, "presets, comma separated (default: all)")->delimiter(',');
   t->add_option("--tokens", o.tokens, "tokens per rank, comma separated")->delimiter(',');
   t->add_option("--ep", o.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
@@ -34,7 +34,9 @@ CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
   t->add_option("--n-comm0", o.n_comm0, "layer0 candidates, comma separated")->delimiter(',')->check(CLI::PositiveNumber);
   t->add_option("--n-comm1", o.n_comm1, "layer1 candidates, comma separated")->delimiter(',')->check(CLI::PositiveNumber);
   add_layer0_mode_options(*t, o.layer0_copies, o.dispatch_orders);
+  add_layer1_combine_option(*t, o.layer1_combine);
   t->add_option("--iters", o.iters, "timed iterations per candidate (median)")->check(CLI::Range(1, 100000));
+  t->add_flag("--rows", o.rows, "print every candidate's row (the `comet bench layer` table) before the summary");
   t->add_option("--out", o.out, "tuning table to write (entries of an existing file are kept unless replaced)")
       ->required();
   add_fabric_option(*t, o.fabric);
@@ -60,6 +62,7 @@ int tune_command(const TuneOptions& o) {
   lo.n_comm1 = o.n_comm1;
   lo.layer0_copies = layer0_copies_list(o.layer0_copies);
   lo.dispatch_orders = dispatch_orders_list(o.dispatch_orders);
+  lo.layer1_combine = layer1_combine_list(o.layer1_combine);
   lo.iters = o.iters;
   lo.warmup_ms = 50;
   lo.baselines = false;
@@ -73,7 +76,8 @@ int tune_command(const TuneOptions& o) {
               << (gpus == 1 ? " virtual ranks on one GPU (loopback fabric), "
                             : " ranks, one GPU each (" + o.fabric + " fabric), ")
               << o.n_comm0.size() * o.n_comm1.size() << " n_comm pairs x " << o.layer0_copies.size() << " x "
-              << o.dispatch_orders.size() << " layer0 modes per workload, median of " << o.iters << "\n";
+              << o.dispatch_orders.size() << " layer0 modes x " << o.layer1_combine.size()
+              << " layer1 combines per workload, median of " << o.iters << "\n";
   ProgressBar bar(std::cerr, !quiet);
   const auto rows = bench::run_layer_bench(lo, [&bar](int done, int total, const std::string& what) { bar(done, total, what); });
 
@@ -82,19 +86,21 @@ int tune_command(const TuneOptions& o) {
     if (!r.fused_equals_unfused)
       throw Error("comet tune: the fused output differs from the unfused one for " + r.model + " T=" +
                   std::to_string(r.tokens) + " with n_comm " + std::to_string(r.n_comm0) + "/" +
-                  std::to_string(r.n_comm1) + ", layer0 " + describe(r.layer0) + "; no table written");
+                  std::to_string(r.n_comm1) + ", layer0 " + describe(r.layer0) + ", layer1 combine " +
+                  layer1_combine_name(r.layer1_combine) + "; no table written");
     LayerConfig c;
     c.model = ModelPresets::get(r.model);
     c.layout = {r.world, r.ep, r.tp};
     samples.push_back({tuning_key(c, info.name, info.num_sms, r.tokens, gpus), r.n_comm0, r.n_comm1, r.fused_us,
-                       r.unfused_us, r.layer0});
+                       r.unfused_us, r.layer0, r.layer1_combine});
   }
   if (quiet) return 0;
+  if (o.rows) bench::print_layer_table(rows, std::cout);
   const TuneSummary s = summarize_tuning(samples);
   for (const TuningEntry& e : s.table.entries()) table.add(e);
   io::save_tuning_table(table, o.out);
 
-  std::cout << std::left << std::setw(16) << "model" << std::right << std::setw(7) << "T" << std::setw(10) << "n_comm" << std::setw(13) << "layer0"
+  std::cout << std::left << std::setw(16) << "model" << std::right << std::setw(7) << "T" << std::setw(10) << "n_comm" << std::setw(13) << "layer0" << std::setw(9) << "combine1"
             << std::setw(12) << "tuned us" << std::setw(12) << "fixed us" << std::setw(12) << "unfused us"
             << std::setw(9) << "path" << "\n"
             << std::fixed << std::setprecision(1);
@@ -102,7 +108,8 @@ int tune_command(const TuneOptions& o) {
     double fixed = 0;
     for (const auto& x : samples)
       if (x.key.same_workload_class(e.key) && x.key.tokens_per_rank == e.key.tokens_per_rank &&
-          x.n_comm0 == s.fixed_n_comm0 && x.n_comm1 == s.fixed_n_comm1 && x.layer0 == s.fixed_layer0)
+          x.n_comm0 == s.fixed_n_comm0 && x.n_comm1 == s.fixed_n_comm1 && x.layer0 == s.fixed_layer0 &&
+          x.layer1_combine == s.fixed_layer1_combine)
         fixed = x.latency_us;
     std::string model;
     for (const auto& r : rows)
@@ -111,12 +118,13 @@ int tune_command(const TuneOptions& o) {
         model = r.model;
     std::cout << std::left << std::setw(16) << model << std::right << std::setw(7) << e.key.tokens_per_rank
               << std::setw(10) << (std::to_string(e.n_comm0) + "/" + std::to_string(e.n_comm1)) << std::setw(13)
-              << describe(e.layer0) << std::setw(12)
+              << describe(e.layer0) << std::setw(9) << layer1_combine_name(e.layer1_combine) << std::setw(12)
               << e.latency_us << std::setw(12) << fixed << std::setw(12) << e.unfused_us << std::setw(9)
               << (e.fused_faster() ? "fused" : "unfused") << "\n";
   }
   std::cout << "best single fixed n_comm: " << s.fixed_n_comm0 << "/" << s.fixed_n_comm1 << " with layer0 "
-            << describe(s.fixed_layer0) << ", summed "
+            << describe(s.fixed_layer0) << ", layer1 combine " << layer1_combine_name(s.fixed_layer1_combine)
+            << ", summed "
             << s.fixed_total_us << " us; tuned choices summed " << s.tuned_total_us << " us ("
             << std::setprecision(3) << s.fixed_total_us / s.tuned_total_us << "x)\n";
   if (s.path_workloads > 0)

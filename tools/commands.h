@@ -81,7 +81,7 @@ struct BenchLayerOptions {
   std::vector<std::string> layer0_copies{"auto"};    // each auto | blocks | gemm (LayerOptions::layer0_copies), swept
   std::vector<std::string> unfused_gemms{"fused"};  // each fused | auto (LayerOptions::unfused_gemms), swept
   std::vector<std::string> epilogue_combine{"on"};  // each on | off (LayerOptions::epilogue_combine), swept
-  std::vector<std::string> layer1_combine{"blocks"};  // each blocks | gemm (LayerOptions::layer1_combine), swept
+  std::vector<std::string> layer1_combine{"auto"};    // each auto | blocks | gemm (LayerOptions::layer1_combine), swept
   bool json = false;
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
   std::string trace;                // timeline of one traced fused forward per row (FILE.json + FILE.svg)
@@ -103,9 +103,12 @@ struct TuneOptions {
   // are cheap (docs/results/2026-11-29-claimed-tiles-h200.md, W = 8: 32 within 0.6% of the best
   // n_comm0 tried, for every preset).
   std::vector<int> n_comm0{8, 16, 32, 64}, n_comm1{2, 8};
-  // Layer0 modes swept with them (comet/layer0_mode.h); with gemm copies n_comm0 is unused.
+  // Layer0 modes and layer1 combines swept with them (comet/layer0_mode.h,
+  // comet/layer1_combine.h); with gemm copies n_comm0 is unused, with the gemm combine n_comm1.
   std::vector<std::string> layer0_copies{"blocks", "gemm"}, dispatch_orders{"ring", "rows"};
+  std::vector<std::string> layer1_combine{"blocks", "gemm"};
   int iters = 10;
+  bool rows = false;                // print every candidate's row, not only the winners
   std::string fabric = "loopback";  // entries record the GPUs the ranks ran on (TuningKey::gpus)
   std::string out;
 };

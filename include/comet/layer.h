@@ -66,21 +66,6 @@ enum class ForwardPath {
   kTuned,
 };
 
-// Who runs layer1's combine in the fused forward (docs/gpu_layer.md "Layer1 combine").
-enum class Layer1Combine {
-  // n_comm1 communication blocks beside GEMM1 on the cooperative 128x256 configuration; the
-  // GEMM blocks join once their tiles are done.
-  kCommBlocks,
-  // Warps 1-3 of every block's producer warpgroup, beside GEMM1 on ping-pong 128x128 tiles, with
-  // registers moved to them from the consumers (152 per thread, consumers 176); no communication
-  // blocks (n_comm1 unused). Layer1's column blocks are then 128 columns wide in the whole
-  // forward: the unfused pipeline and compute-only run GEMM1 on ping-pong as well. On one H200
-  // (W = 8, T = 4096): deepseek-v3 2.6% faster, qwen3-30b-a3b 7% slower.
-  kGemmBlocks,
-};
-// "blocks" or "gemm", as `--combine1` spells it.
-inline const char* layer1_combine_name(Layer1Combine c) { return c == Layer1Combine::kGemmBlocks ? "gemm" : "blocks"; }
-
 // How forward() runs.
 struct LayerOptions {
   ForwardPath path = ForwardPath::kTuned;
@@ -111,9 +96,11 @@ struct LayerOptions {
   // link emulation (`link`: the epilogue's stores cannot be paced), where every token goes
   // through the combine.
   bool epilogue_combine = true;
-  // Who runs layer1's combine (above). Not under link emulation (`link`): the GEMM blocks'
-  // combine is not paced.
-  Layer1Combine layer1_combine = Layer1Combine::kCommBlocks;
+  // Who runs layer1's combine (comet/layer1_combine.h); unset: the nearest tuning-table entry's,
+  // else kCommBlocks; layer1_combine() says which. kGemmBlocks leaves n_comm1 unused and cannot
+  // be paced to an emulated link (`link`): with link emulation on, a table's kGemmBlocks is not
+  // taken.
+  std::optional<Layer1Combine> layer1_combine;
   double timeout_s = 5.0;  // every device-side wait
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
   // Record the fused kernels' timeline (needs path kFused): per block, every GEMM tile, the GEMM
@@ -162,6 +149,9 @@ class MoeLayer {
   // How the fused layer0 moves rows (LayerOptions::layer0_copies, dispatch_order, else the
   // nearest tuning-table entry's, else communication blocks in ring order), and why.
   Layer0ModeChoice layer0_mode() const;
+  // Who runs layer1's combine (LayerOptions::layer1_combine, else the nearest tuning-table
+  // entry's, else communication blocks), and why.
+  Layer1CombineChoice layer1_combine() const;
 
   // Benchmarks only. Deterministic pseudo-random weights (uniform, scale 1/sqrt(fan-in)) written
   // on the device: full-size presets have more weights than fit in host fp32.

@@ -1,6 +1,7 @@
 // comet/tuning.h: how many thread blocks communicate (n_comm) in each fused kernel, from a
 // tuning table measured by `comet tune`, or from the analytic cost model when no entry is near;
-// and which forward path (fused kernels or unfused pipeline) the table measured faster.
+// which forward path (fused kernels or unfused pipeline) the table measured faster; and how the
+// fused kernels move rows (layer0 mode, layer1 combine).
 //
 // Lookup (DESIGN §5): an entry applies only to the same GPU (name and SM count), the same expert
 // shape (H, F, E, topk) and the same layout (W, EP, TP) on the same number of GPUs; among
@@ -16,6 +17,7 @@
 #include "comet/config.h"
 #include "comet/cost_model.h"
 #include "comet/layer0_mode.h"
+#include "comet/layer1_combine.h"
 
 namespace comet {
 
@@ -46,6 +48,8 @@ struct TuningEntry {
   // measured, as in tables written before it was recorded).
   double unfused_us = 0;
   Layer0Mode layer0{};  // how layer0 moved rows in the fused forward measured (optional in the JSON)
+  // Who ran layer1's combine in both forwards measured (optional in the JSON).
+  Layer1Combine layer1_combine = Layer1Combine::kCommBlocks;
   // Whether the fused forward measured faster than the unfused one (false when either is missing).
   bool fused_faster() const { return latency_us > 0 && unfused_us > 0 && latency_us < unfused_us; }
 };
@@ -97,7 +101,15 @@ struct Layer0ModeChoice {
 };
 Layer0ModeChoice choose_layer0_mode(const TuningTable* table, const TuningKey& key);
 
-// `comet tune`: every (workload, n_comm0, n_comm1) measured once. The table keeps each
+// Who runs layer1's combine when LayerOptions leaves it unset: the nearest entry's (within
+// kMaxTuningDistance), else kCommBlocks; `source` says which.
+struct Layer1CombineChoice {
+  Layer1Combine combine = Layer1Combine::kCommBlocks;
+  std::string source;
+};
+Layer1CombineChoice choose_layer1_combine(const TuningTable* table, const TuningKey& key);
+
+// `comet tune`: every (workload, candidate) measured once. The table keeps each
 // workload's fastest pair; best_fixed is the single pair whose summed latency over all
 // workloads is lowest (the comparison docs/results/ reports), among pairs measured everywhere.
 // An entry's unfused_us is the unfused time measured in its winning pair's own row (timed in the
@@ -108,12 +120,15 @@ struct TuneSample {
   double latency_us = 0;  // the fused forward
   double unfused_us = 0;  // the unfused forward measured beside it (0: not measured)
   Layer0Mode layer0{};
+  Layer1Combine layer1_combine = Layer1Combine::kCommBlocks;
 };
 struct TuneSummary {
   TuningTable table;
-  // The best single candidate (n_comm pair and layer0 mode) measured on every workload.
+  // The best single candidate (n_comm pair, layer0 mode, layer1 combine) measured on every
+  // workload.
   int fixed_n_comm0 = 0, fixed_n_comm1 = 0;
   Layer0Mode fixed_layer0;
+  Layer1Combine fixed_layer1_combine = Layer1Combine::kCommBlocks;
   double tuned_total_us = 0;  // sum over workloads of the table's choice
   double fixed_total_us = 0;  // sum over workloads of the best fixed pair
   // The forward path (ForwardPath::kTuned) over the workloads whose entry has an unfused time:

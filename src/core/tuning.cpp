@@ -156,6 +156,15 @@ std::string describe(const Layer0Mode& mode) {
   return std::string(layer0_copies_name(mode.copies)) + "/" + dispatch_order_name(mode.order);
 }
 
+const char* layer1_combine_name(Layer1Combine combine) {
+  return combine == Layer1Combine::kGemmBlocks ? "gemm" : "blocks";
+}
+std::optional<Layer1Combine> parse_layer1_combine(std::string_view name) {
+  if (name == "blocks") return Layer1Combine::kCommBlocks;
+  if (name == "gemm") return Layer1Combine::kGemmBlocks;
+  return std::nullopt;
+}
+
 Layer0ModeChoice choose_layer0_mode(const TuningTable* table, const TuningKey& key) {
   Layer0ModeChoice choice;
   if (const auto m = near_entry(table, key)) {
@@ -164,6 +173,17 @@ Layer0ModeChoice choose_layer0_mode(const TuningTable* table, const TuningKey& k
     return choice;
   }
   choice.source = describe(choice.mode) + ": " + no_entry_words(key);
+  return choice;
+}
+
+Layer1CombineChoice choose_layer1_combine(const TuningTable* table, const TuningKey& key) {
+  Layer1CombineChoice choice;
+  if (const auto m = near_entry(table, key)) {
+    choice.combine = m->entry->layer1_combine;
+    choice.source = std::string(layer1_combine_name(choice.combine)) + ": tuning table " + entry_words(*m);
+    return choice;
+  }
+  choice.source = std::string(layer1_combine_name(choice.combine)) + ": " + no_entry_words(key);
   return choice;
 }
 
@@ -179,10 +199,11 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
     return workloads.size() - 1;
   };
   std::vector<const TuneSample*> best;
-  // A candidate: n_comm0, n_comm1 and the layer0 mode (copies, order) as integers.
-  using Candidate = std::tuple<int, int, int, int>;
+  // A candidate: n_comm0, n_comm1, the layer0 mode (copies, order) and the layer1 combine as
+  // integers.
+  using Candidate = std::tuple<int, int, int, int, int>;
   auto candidate_of = [](const TuneSample& s) {
-    return Candidate{s.n_comm0, s.n_comm1, int(s.layer0.copies), int(s.layer0.order)};
+    return Candidate{s.n_comm0, s.n_comm1, int(s.layer0.copies), int(s.layer0.order), int(s.layer1_combine)};
   };
   std::map<Candidate, std::pair<double, size_t>> candidate_totals;  // candidate -> (sum, workloads seen)
   std::map<Candidate, std::vector<bool>> candidate_seen;
@@ -205,7 +226,8 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
     // The winning row's own unfused time: timed in the same loop as its fused time (a paired
     // comparison; a median over the other rows would set a minimum against a middle value).
     const TuningEntry entry{best[w]->key,        best[w]->n_comm0,    best[w]->n_comm1,
-                            best[w]->latency_us, best[w]->unfused_us, best[w]->layer0};
+                            best[w]->latency_us, best[w]->unfused_us, best[w]->layer0,
+                            best[w]->layer1_combine};
     out.table.add(entry);
     out.tuned_total_us += entry.latency_us;
     if (entry.unfused_us > 0) {
@@ -223,10 +245,12 @@ TuneSummary summarize_tuning(const std::vector<TuneSample>& samples) {
       out.fixed_n_comm0 = std::get<0>(candidate);
       out.fixed_n_comm1 = std::get<1>(candidate);
       out.fixed_layer0 = {Layer0Copies(std::get<2>(candidate)), DispatchOrder(std::get<3>(candidate))};
+      out.fixed_layer1_combine = Layer1Combine(std::get<4>(candidate));
       found = true;
     }
   }
-  COMET_CHECK(found, "summarize_tuning: no candidate (n_comm pair and layer0 mode) was measured on every workload");
+  COMET_CHECK(found, "summarize_tuning: no candidate (n_comm pair, layer0 mode and layer1 combine) was measured on every "
+              "workload");
   return out;
 }
 

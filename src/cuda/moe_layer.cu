@@ -64,6 +64,9 @@ constexpr int kOwnerReduceBlocksPerSm = 2;
 // The fused layer0's raster group height: its first wave then waits for the rows of this many
 // M tiles instead of kRasterGroupM (docs/results/ has the measurement).
 constexpr int kFusedLayer0GroupM = 4;
+// Why layer1's combine cannot run in the GEMM blocks under link emulation (LayerOptions::link):
+// an option asking for it is refused with this, a table entry falls back to communication blocks.
+constexpr const char* kGemmCombineUnpaced = "it cannot be paced to an emulated link (link emulation is on)";
 
 // The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
 // without signals, in blocks of kWarpsPerBlock warps.
@@ -166,6 +169,7 @@ struct MoeLayer::Impl {
   NCommChoice n_comm;  // resolved from options, the tuning table or the cost model
   PathChoice path;     // resolved from options or the tuning table
   Layer0ModeChoice layer0;  // resolved from options or the tuning table
+  Layer1CombineChoice layer1;  // resolved from options or the tuning table
   bool fused_path() const { return path.fused; }
   // SwiGLU (the presets' experts): GEMM0 + SwiGLU, fused or unfused. A plain activation (GELU,
   // ReLU, SiLU): GEMM0 with the plain-activation epilogue, which is instantiated for the ping-pong
@@ -188,19 +192,21 @@ struct MoeLayer::Impl {
   // What the tuning key needs of the GPU (name, SMs), looked up once when the layer is made:
   // options and tables change, the device does not.
   cuda::DeviceInfo device_info;
-  // The path, the layer0 mode and n_comm from options, the tuning table (nearest entry at T_max)
-  // or the defaults and the cost model.
+  // The path, the layer0 mode, the layer1 combine and n_comm from options, the tuning table
+  // (nearest entry at T_max) or the defaults and the cost model.
   void resolve_choices() {
     const bool tuned_path = options.path == ForwardPath::kTuned;
     const bool n_comm_given = options.n_comm0 > 0 && options.n_comm1 > 0;
     const bool mode_given = options.layer0_copies && options.dispatch_order;
+    const bool combine_given = options.layer1_combine.has_value();
     if (!tuned_path) path = {options.path == ForwardPath::kFused, "options"};
     if (tuned_path && !gated())
       path = {false, std::string("unfused: the fused kernels fuse SwiGLU, the activation is ") +
                          activation_name(config.model.activation)};
     if (n_comm_given) n_comm = {options.n_comm0, options.n_comm1, "options"};
     if (mode_given) layer0 = {{*options.layer0_copies, *options.dispatch_order}, "options"};
-    if (!tuned_path && n_comm_given && mode_given) return;  // nothing to look up
+    if (combine_given) layer1 = {*options.layer1_combine, "options"};
+    if (!tuned_path && n_comm_given && mode_given && combine_given) return;  // nothing to look up
     const cuda::DeviceInfo& info = device_info;
     const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
@@ -214,6 +220,13 @@ struct MoeLayer::Impl {
       }
       if (options.layer0_copies) layer0.mode.copies = *options.layer0_copies;
       if (options.dispatch_order) layer0.mode.order = *options.dispatch_order;
+    }
+    if (!combine_given) {
+      layer1 = choose_layer1_combine(&tuning, key);
+      if (layer1.combine == Layer1Combine::kGemmBlocks && options.link.on()) {
+        layer1.combine = Layer1Combine::kCommBlocks;
+        layer1.source += " (communication blocks: " + std::string(kGemmCombineUnpaced) + ")";
+      }
     }
     if (n_comm_given) return;
     GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
@@ -298,7 +311,7 @@ struct MoeLayer::Impl {
   uint64_t timeout_ns() const { return uint64_t(options.timeout_s * 1e9); }
   // Layer1's GEMM configuration, column blocks and combine groups follow who runs the combine
   // (LayerOptions::layer1_combine): the plan, the GEMMs and the combine must agree, so all ask here.
-  bool layer1_gemm_combine() const { return options.layer1_combine == Layer1Combine::kGemmBlocks; }
+  bool layer1_gemm_combine() const { return layer1.combine == Layer1Combine::kGemmBlocks; }
   cuda::GemmKernel layer1_kernel() const {
     return layer1_gemm_combine() ? cuda::GemmKernel::kPingpong128x128 : cuda::GemmKernel::kCooperative128x256;
   }
@@ -796,8 +809,7 @@ void MoeLayer::set_options(const LayerOptions& o) {
                                                                               << "; use Layer0Copies::kCommBlocks");
   }
   COMET_CHECK(o.layer1_combine != Layer1Combine::kGemmBlocks || !o.link.on(),
-              "MoeLayer: layer1's combine in the GEMM blocks cannot be paced to an emulated link (link emulation "
-              "is on); use Layer1Combine::kCommBlocks");
+              "MoeLayer: layer1's combine in the GEMM blocks: " << kGemmCombineUnpaced << "; use Layer1Combine::kCommBlocks");
   impl_->options = o;
   impl_->resolve_choices();
 }
@@ -810,6 +822,7 @@ void MoeLayer::set_tuning_table(const TuningTable& table) {
 NCommChoice MoeLayer::n_comm() const { return impl_->n_comm; }
 PathChoice MoeLayer::path() const { return impl_->path; }
 Layer0ModeChoice MoeLayer::layer0_mode() const { return impl_->layer0; }
+Layer1CombineChoice MoeLayer::layer1_combine() const { return impl_->layer1; }
 
 void MoeLayer::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;

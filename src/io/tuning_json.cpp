@@ -12,7 +12,7 @@ namespace comet::io {
 namespace {
 const std::set<std::string> kEntryKeys = {"gpu", "num_sms", "hidden", "ffn", "experts", "topk", "world", "ep",
                                           "tp", "gpus", "tokens_per_rank", "n_comm0", "n_comm1", "latency_us",
-                                          "unfused_us", "layer0_copies", "dispatch_order"};
+                                          "unfused_us", "layer0_copies", "dispatch_order", "layer1_combine"};
 }  // namespace
 
 std::string tuning_table_json(const TuningTable& table) {
@@ -24,7 +24,8 @@ std::string tuning_table_json(const TuningTable& table) {
                        {"gpus", k.gpus}, {"tokens_per_rank", k.tokens_per_rank}, {"n_comm0", e.n_comm0}, {"n_comm1", e.n_comm1},
                        {"latency_us", e.latency_us}, {"unfused_us", e.unfused_us},
                        {"layer0_copies", layer0_copies_name(e.layer0.copies)},
-                       {"dispatch_order", dispatch_order_name(e.layer0.order)}});
+                       {"dispatch_order", dispatch_order_name(e.layer0.order)},
+                       {"layer1_combine", layer1_combine_name(e.layer1_combine)}});
   }
   return nlohmann::json{{"format", kTuningFormat}, {"entries", entries}}.dump(2) + "\n";
 }
@@ -83,6 +84,10 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
     const auto order = parse_dispatch_order(name("dispatch_order", "ring", "\"ring\", \"rows\""));
     COMET_CHECK(order, where << ": \"dispatch_order\" must be \"ring\" or \"rows\"");
     entry.layer0 = {*copies, *order};
+    // "layer1_combine" came later still: without it the communication blocks ran the combine.
+    const auto combine1 = parse_layer1_combine(name("layer1_combine", "blocks", "\"blocks\", \"gemm\""));
+    COMET_CHECK(combine1, where << ": \"layer1_combine\" must be \"blocks\" or \"gemm\"");
+    entry.layer1_combine = *combine1;
     try {
       table.add(entry);
     } catch (const Error& err) {

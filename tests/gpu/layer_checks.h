@@ -18,23 +18,31 @@ namespace comet::testing {
 
 // The forwards a multi-GPU test compares with Loopback: the unfused pipeline, the fused kernels
 // with the default layer0 mode (communication blocks, ring order) and with copies by the GEMM
-// blocks in row order (bulk copies reading the peers' rows), and fused without the epilogue
-// combine (every token through the combine's stores into the peers' slots).
+// blocks in row order (bulk copies reading the peers' rows), fused without the epilogue combine
+// (every token through the combine's stores into the peers' slots), and layer1's combine in the
+// GEMM blocks (Layer1Combine::kGemmBlocks: 128-column layer1, fused without the epilogue combine
+// so that every token goes through those blocks' stores, and unfused).
 inline std::vector<std::pair<std::string, LayerOptions>> forward_variants() {
   LayerOptions unfused, fused, gemm_rows, combine_only;
   unfused.path = ForwardPath::kUnfused;
   fused.path = ForwardPath::kFused;
   fused.layer0_copies = Layer0Copies::kCommBlocks;
   fused.dispatch_order = DispatchOrder::kRing;
+  fused.layer1_combine = Layer1Combine::kCommBlocks;
   gemm_rows.path = ForwardPath::kFused;
   gemm_rows.layer0_copies = Layer0Copies::kGemmBlocks;
   gemm_rows.dispatch_order = DispatchOrder::kRows;
   combine_only = fused;
   combine_only.epilogue_combine = false;
+  LayerOptions gemm_combine = combine_only, unfused_gemm_combine = unfused;
+  gemm_combine.layer1_combine = Layer1Combine::kGemmBlocks;
+  unfused_gemm_combine.layer1_combine = Layer1Combine::kGemmBlocks;
   return {{"unfused", unfused},
           {"fused blocks/ring", fused},
           {"fused gemm/rows", gemm_rows},
-          {"fused, no epilogue combine", combine_only}};
+          {"fused, no epilogue combine", combine_only},
+          {"fused, layer1 combine in the GEMM blocks, no epilogue combine", gemm_combine},
+          {"unfused, 128-column layer1 (combine1 gemm)", unfused_gemm_combine}};
 }
 
 // `got` (one entry per rank) within the bf16 tolerance of `want` (the fp64 oracle's rows).

@@ -357,10 +357,11 @@ TEST(MoeLayer, TunedPathFollowsTheTableEntry) {
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(forced); }, {"trace", "kFused"}));
 }
 
-// The layer0 mode: the table entry's when LayerOptions leaves it unset (with the fused output
-// unchanged), options over the table, and never copies in the GEMM blocks under link emulation
-// (they cannot be paced), which options asking for them are refused.
-TEST(MoeLayer, Layer0ModeFollowsTheTableEntryUnlessOptionsFixIt) {
+// The layer0 mode and the layer1 combine: the table entry's when LayerOptions leaves them unset
+// (with the fused output unchanged), options over the table, and never copies or the combine in
+// the GEMM blocks under link emulation (they cannot be paced), which options asking for them are
+// refused.
+TEST(MoeLayer, FusedModesFollowTheTableEntryUnlessOptionsFixThem) {
   COMET_REQUIRE_GPU();
   LayerRig rig(LayerCase{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 9});
   MoeLayer& layer = rig.layer;
@@ -369,21 +370,29 @@ TEST(MoeLayer, Layer0ModeFollowsTheTableEntryUnlessOptionsFixIt) {
   const auto want = rig.forward(fused);
   EXPECT_EQ(layer.layer0_mode().mode, Layer0Mode{});
   EXPECT_EQ(layer.layer0_mode().source.rfind("blocks/ring: no tuning entry", 0), 0u) << layer.layer0_mode().source;
+  EXPECT_EQ(layer.layer1_combine().combine, Layer1Combine::kCommBlocks);
+  EXPECT_EQ(layer.layer1_combine().source.rfind("blocks: no tuning entry", 0), 0u) << layer.layer1_combine().source;
 
   const cuda::DeviceInfo info = cuda::query_device_info();
   TuningEntry e{tuning_key(rig.config, info.name, info.num_sms, rig.config.max_tokens_per_rank), 16, 2, 100.0, 200.0};
   e.layer0 = {Layer0Copies::kGemmBlocks, DispatchOrder::kRows};
+  e.layer1_combine = Layer1Combine::kGemmBlocks;
   TuningTable table;
   table.add(e);
   layer.set_tuning_table(table);
   EXPECT_EQ(layer.layer0_mode().mode, e.layer0);
   EXPECT_EQ(layer.layer0_mode().source.rfind("gemm/rows: tuning table", 0), 0u) << layer.layer0_mode().source;
+  EXPECT_EQ(layer.layer1_combine().combine, Layer1Combine::kGemmBlocks);
+  EXPECT_EQ(layer.layer1_combine().source.rfind("gemm: tuning table", 0), 0u) << layer.layer1_combine().source;
   EXPECT_EQ(rig.forward(fused), want);
 
   LayerOptions ring = fused;
   ring.dispatch_order = DispatchOrder::kRing;  // one part fixed, the other from the table
+  ring.layer1_combine = Layer1Combine::kCommBlocks;
   layer.set_options(ring);
   EXPECT_EQ(layer.layer0_mode().mode, (Layer0Mode{Layer0Copies::kGemmBlocks, DispatchOrder::kRing}));
+  EXPECT_EQ(layer.layer1_combine().combine, Layer1Combine::kCommBlocks);
+  EXPECT_EQ(layer.layer1_combine().source, "options");
   EXPECT_EQ(rig.forward(ring), want);
 
   LayerOptions paced = fused;
@@ -391,6 +400,8 @@ TEST(MoeLayer, Layer0ModeFollowsTheTableEntryUnlessOptionsFixIt) {
   layer.set_options(paced);
   EXPECT_EQ(layer.layer0_mode().mode.copies, Layer0Copies::kCommBlocks);
   EXPECT_NE(layer.layer0_mode().source.find("link emulation"), std::string::npos) << layer.layer0_mode().source;
+  EXPECT_EQ(layer.layer1_combine().combine, Layer1Combine::kCommBlocks);
+  EXPECT_NE(layer.layer1_combine().source.find("link emulation"), std::string::npos) << layer.layer1_combine().source;
   EXPECT_EQ(rig.forward(paced), want);
   paced.layer0_copies = Layer0Copies::kGemmBlocks;
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(paced); }, {"GEMM blocks", "emulated link"}));

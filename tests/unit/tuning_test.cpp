@@ -315,5 +315,59 @@ TEST(Tuning, Layer0ModeFromTheNearestEntryElseCommBlocksInRingOrder) {
   EXPECT_FALSE(parse_dispatch_order("").has_value());
 }
 
+// The layer1 combine round-trips by name; a table written before it existed reads as
+// communication blocks; an unknown name is refused, naming the entry and the key.
+TEST(TuningJson, Layer1CombineRoundTripsDefaultsAndIsChecked) {
+  TuningTable t;
+  TuningEntry e{tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096), 32, 2, 900.0, 950.5};
+  e.layer1_combine = Layer1Combine::kGemmBlocks;
+  t.add(e);
+  const std::string text = io::tuning_table_json(t);
+  const std::string field = ",\n      \"layer1_combine\": \"gemm\"";
+  ASSERT_NE(text.find(field), std::string::npos) << text;
+  EXPECT_EQ(io::parse_tuning_table(text).entries()[0].layer1_combine, Layer1Combine::kGemmBlocks);
+  std::string old = text;
+  old.erase(old.find(field), field.size());
+  EXPECT_EQ(io::parse_tuning_table(old).entries()[0].layer1_combine, Layer1Combine::kCommBlocks);
+  EXPECT_TRUE(edit_is_refused(text, "\"layer1_combine\": \"gemm\"", "\"layer1_combine\": \"warps\"",
+                              {"layer1_combine", "\"blocks\" or \"gemm\""}));
+}
+
+// The entry takes its winning sample's layer1 combine; the best fixed candidate includes one.
+TEST(Tuning, SummaryKeepsTheWinningLayer1Combine) {
+  const TuningKey a = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 1024);
+  const TuningKey b = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096);
+  const Layer0Mode mode{};
+  const TuneSummary s = summarize_tuning({{a, 32, 2, 100.0, 120.0, mode, Layer1Combine::kCommBlocks},
+                                          {a, 32, 2, 95.0, 121.0, mode, Layer1Combine::kGemmBlocks},
+                                          {b, 32, 2, 400.0, 420.0, mode, Layer1Combine::kCommBlocks},
+                                          {b, 32, 2, 390.0, 415.0, mode, Layer1Combine::kGemmBlocks}});
+  const auto ma = s.table.nearest(a), mb = s.table.nearest(b);
+  ASSERT_TRUE(ma && mb);
+  EXPECT_EQ(ma->entry->layer1_combine, Layer1Combine::kGemmBlocks);
+  EXPECT_DOUBLE_EQ(ma->entry->unfused_us, 121.0);  // the winning row's own unfused time
+  EXPECT_EQ(mb->entry->layer1_combine, Layer1Combine::kGemmBlocks);
+  EXPECT_EQ(s.fixed_layer1_combine, Layer1Combine::kGemmBlocks);
+  EXPECT_DOUBLE_EQ(s.fixed_total_us, 485.0);
+}
+
+TEST(Tuning, Layer1CombineFromTheNearestEntryElseCommBlocks) {
+  TuningTable t;
+  TuningEntry e{tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096), 32, 2, 900.0, 950.5};
+  e.layer1_combine = Layer1Combine::kGemmBlocks;
+  t.add(e);
+  const Layer1CombineChoice near = choose_layer1_combine(&t, tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 6000));
+  EXPECT_EQ(near.combine, Layer1Combine::kGemmBlocks);
+  EXPECT_EQ(near.source.rfind("gemm: tuning table entry for 4096", 0), 0u) << near.source;
+  const Layer1CombineChoice far = choose_layer1_combine(&t, tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 1024));
+  EXPECT_EQ(far.combine, Layer1Combine::kCommBlocks);
+  EXPECT_EQ(far.source.rfind("blocks: no tuning entry", 0), 0u) << far.source;
+  EXPECT_EQ(choose_layer1_combine(nullptr, e.key).combine, Layer1Combine::kCommBlocks);
+  EXPECT_EQ(parse_layer1_combine("gemm"), Layer1Combine::kGemmBlocks);
+  EXPECT_EQ(parse_layer1_combine("blocks"), Layer1Combine::kCommBlocks);
+  EXPECT_FALSE(parse_layer1_combine("GEMM").has_value());
+  EXPECT_STREQ(layer1_combine_name(Layer1Combine::kGemmBlocks), "gemm");
+}
+
 }  // namespace
 }  // namespace comet
