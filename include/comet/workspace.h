@@ -4,7 +4,8 @@
 // fabric's peer-pointer table (DESIGN §3). Regions, element types and sizes (R = max rows per
 // rank = round_up(W * T_max * min(topk, E/EP) + E/EP * (block_m - 1), block_m), the rows
 // plus each expert segment's padding to a tile boundary; Fl = F/TP; Tm = T_max;
-// NB = ceil(H / block_n1); MT = max M tiles = R / block_m; d = dtype bytes):
+// NB = ceil(H / block_n1), on the GPU with its narrowest layer1 column block, 128; MT = max M
+// tiles = R / block_m; d = dtype bytes):
 //
 //   x              dtype [Tm][H]          this rank's tokens, published at the start of a call
 //   route_ids      i32   [Tm][topk]       this rank's routing, published with x

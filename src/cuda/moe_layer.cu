@@ -104,6 +104,14 @@ LayerConfig gpu_config(LayerConfig c) {
   return c;
 }
 
+// The configuration the workspace is laid out for: layer1 column blocks of the narrowest width
+// any GEMM1 configuration stores (ping-pong 128x128, Layer1Combine::kGemmBlocks). col_done holds
+// a word per column block, and the layer1 combine (and with it the width) may change per forward.
+LayerConfig workspace_config(LayerConfig c) {
+  c.tiles.block_n1 = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kPingpong128x128);
+  return c;
+}
+
 }  // namespace
 
 struct MoeLayer::Impl {
@@ -170,6 +178,9 @@ struct MoeLayer::Impl {
   PathChoice path;     // resolved from options or the tuning table
   Layer0ModeChoice layer0;  // resolved from options or the tuning table
   Layer1CombineChoice layer1;  // resolved from options or the tuning table
+  // Layer1's column width of the last plan built (forward() or run_part(kPlan)): run_part's
+  // GEMMs and copies run on that plan, so they must not switch width before a new one.
+  int planned_layer1_width = 0;
   bool fused_path() const { return path.fused; }
   // SwiGLU (the presets' experts): GEMM0 + SwiGLU, fused or unfused. A plain activation (GELU,
   // ReLU, SiLU): GEMM0 with the plain-activation epilogue, which is instantiated for the ping-pong
@@ -567,6 +578,7 @@ struct MoeLayer::Impl {
   }
 
   void forward(const std::vector<RankTensors>& in, cudaStream_t stream) {
+    planned_layer1_width = layer1_col_width();
     const bool fused_kernels = fused_path();
     const Signals signals = fused_kernels ? Signals::kOn : Signals::kOff;
     auto tensors = [&](const Rank& k) -> const RankTensors& { return in[k.rank - fabric.first_local_rank()]; };
@@ -653,8 +665,9 @@ struct MoeLayer::Impl {
                COMET_CUDA_CHECK(
                    cudaMemsetAsync(trace.base[local_index(k)], 0, trace.records() * sizeof(KernelTraceEvent), s));
              }});
-    trace.n_comm[0] = n_comm.n_comm0;
-    trace.n_comm[1] = n_comm.n_comm1;
+    // Layers whose copies or combine run in the GEMM blocks have no communication blocks.
+    trace.n_comm[0] = layer0.mode.copies == Layer0Copies::kGemmBlocks ? 0 : n_comm.n_comm0;
+    trace.n_comm[1] = layer1_gemm_combine() ? 0 : n_comm.n_comm1;
   }
   void free_trace() {
     for (KernelTraceEvent* b : trace.base) cudaFree(b);
@@ -678,7 +691,12 @@ struct MoeLayer::Impl {
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
-  Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(config), plan_layout(config) {}
+  Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(workspace_config(config)), plan_layout(config) {
+    // Every layer1 width the options can choose must fit the column signals.
+    COMET_CHECK(plan_layout.n_blocks1 <= layout.region("col_done").elements,
+                "MoeLayer: " << plan_layout.n_blocks1 << " layer1 column blocks, the workspace's col_done holds "
+                             << layout.region("col_done").elements);
+  }
   ~Impl() {
     int saved = 0;  // restored below; no throwing guard in a destructor
     cudaGetDevice(&saved);
@@ -851,6 +869,12 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
   COMET_CHECK(part != Part::kFusedGemms || m.gated(),
               "MoeLayer: run_part(kFusedGemms) runs the fused kernels, which fuse SwiGLU; activation "
                   << activation_name(m.config.model.activation) << " has the unfused GEMMs only (kGemms)");
+  if (part == Part::kPlan) m.planned_layer1_width = m.layer1_col_width();
+  COMET_CHECK(m.planned_layer1_width != 0, "MoeLayer: run_part: no plan yet; run forward() or run_part(kPlan) first");
+  COMET_CHECK(m.planned_layer1_width == m.layer1_col_width(),
+              "MoeLayer: run_part: the last plan has layer1 column blocks of "
+                  << m.planned_layer1_width << " columns, the options now " << m.layer1_col_width()
+                  << " (LayerOptions::layer1_combine changed); run forward() or run_part(kPlan) first");
   if (part == Part::kPlan && !m.per_rank_streams) {  // one launch for every rank, as in forward()
     m.plans(m.ranks.data(), int(m.ranks.size()), Impl::Signals::kOff, stream);
     return;

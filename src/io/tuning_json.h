@@ -5,10 +5,14 @@
 //    "entries": [{"gpu": "NVIDIA H200", "num_sms": 132, "hidden": 4096, "ffn": 14336,
 //                 "experts": 8, "topk": 2, "world": 8, "ep": 8, "tp": 1, "gpus": 1,
 //                 "tokens_per_rank": 4096, "n_comm0": 24, "n_comm1": 20, "latency_us": 1234.5,
-//                 "unfused_us": 1300.0}]}
+//                 "unfused_us": 1300.0, "layer0_copies": "blocks", "dispatch_order": "ring",
+//                 "layer1_combine": "blocks"}]}
 // "gpus" (TuningKey::gpus: 1 or world) may be absent: 1, as in tables written before it existed.
 // "latency_us" (the fused forward) and "unfused_us" (the unfused forward, same run) may be
 // absent: 0, not measured; an entry without both never chooses the fused path (choose_path).
+// "layer0_copies" ("blocks" | "gemm"), "dispatch_order" ("ring" | "rows") and "layer1_combine"
+// ("blocks" | "gemm") may be absent: "blocks", "ring" and "blocks", the only modes there were
+// when such tables were written. A reader older than a key refuses the table (unknown key).
 #pragma once
 
 #include <string>

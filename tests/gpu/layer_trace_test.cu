@@ -32,7 +32,6 @@ namespace {
 
 using test::LayerCase;
 
-using cuda::kCombineGroupBlocks;  // column blocks per combine item's group
 
 std::string event_summary(const TraceEvent& e) {
   return "rank " + std::to_string(e.rank) + " layer" + std::to_string(e.layer) + " block " + std::to_string(e.lane) +
@@ -66,7 +65,11 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
   const LayerConfig& c = layer.config();
   const DispatchPlan plan(c, p.routing);
   const int W = c.layout.world, grid = t.comm_lanes + t.compute_lanes;
-  const int n_comm[2] = {layer.n_comm().n_comm0, layer.n_comm().n_comm1};
+  // A layer whose copies or combine run in the GEMM blocks has no communication blocks; there the
+  // producer warpgroup's warps 1-3 run layer1's combine beside the block's tiles.
+  const bool gemm_combine = layer.layer1_combine().combine == Layer1Combine::kGemmBlocks;
+  const int n_comm[2] = {layer.layer0_mode().mode.copies == Layer0Copies::kGemmBlocks ? 0 : layer.n_comm().n_comm0,
+                         gemm_combine ? 0 : layer.n_comm().n_comm1};
   ASSERT_EQ(t.world, W);
   ASSERT_TRUE(t.layer_panels);
   ASSERT_EQ(t.comm_lanes_of(0), n_comm[0]);
@@ -76,7 +79,10 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
   struct Kernel {
     std::map<int, int> tiles;  // id -> times seen
     int64_t items = 0, begin = INT64_MAX, end = 0;
-    std::map<int, int64_t> last_tile_begin;  // block -> begin of its last tile
+    // (block, recording warp) -> begin of its last tile. Cooperative tiles are recorded by warp
+    // 4 for both consumer warpgroups; ping-pong ones (layer1 with the combine in the GEMM blocks)
+    // by warp 4 or 8, the first warp of the warpgroup that ran them.
+    std::map<std::pair<int, int>, int64_t> last_tile_begin;
     std::map<int, int64_t> last_chunk_end;   // communication block -> end of its last chunk
   };
   std::map<std::pair<int, int>, Kernel> kernels;
@@ -95,8 +101,10 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
     if (e.kind == TraceKind::kGemmTile) {
       ++k.tiles[e.id];
       // Communication blocks join the GEMM once their copies are done (checked below).
-      EXPECT_EQ(e.sublane, 4);  // consumer thread 0
-      k.last_tile_begin[e.lane] = std::max(k.last_tile_begin[e.lane], e.begin_ns);
+      if (e.layer == 1 && gemm_combine) EXPECT_TRUE(e.sublane == 4 || e.sublane == 8) << event_summary(e);
+      else EXPECT_EQ(e.sublane, 4);  // consumer thread 0
+      int64_t& last = k.last_tile_begin[{e.lane, e.sublane}];
+      last = std::max(last, e.begin_ns);
     }
     if (e.kind == TraceKind::kCommChunk && e.lane < nc)
       k.last_chunk_end[e.lane] = std::max(k.last_chunk_end[e.lane], e.end_ns);
@@ -113,12 +121,15 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
     if (e.kind == TraceKind::kCommChunk || (e.kind == TraceKind::kWait && e.layer == 1)) {
       if (e.layer == 0) {
         EXPECT_TRUE(comm_block) << "layer0 communication on GEMM block " << e.lane;
+      } else if (gemm_combine && e.sublane >= 1 && e.sublane <= 3) {
+        // the producer warpgroup's combine warps: beside the tiles
       } else if (!comm_block) {
         // A GEMM block's consumer warps join the combine once the block's tiles are done.
         EXPECT_GE(e.sublane, 4) << "layer1 communication on a GEMM block's producer warp";
         // Its last tile's end is read by thread 0 after the barrier that lets the other warps
         // go, so only the tile's begin (read before that barrier) orders against the join.
-        const auto last = k.last_tile_begin.find(e.lane);
+        const int tile_warp = gemm_combine && e.sublane >= 8 ? 8 : 4;  // its warpgroup's tiles
+        const auto last = k.last_tile_begin.find({e.lane, tile_warp});
         if (last != k.last_tile_begin.end())
           EXPECT_GE(e.begin_ns, last->second) << "joined before its tiles were done: " << event_summary(e);
       }
@@ -158,8 +169,13 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
     const int64_t items0 = layer.layer0_mode().mode.order == DispatchOrder::kRows ? a_rows : received;
     const int64_t tiles0 = int64_t(build_layer0_schedule(c, plan, r).m_tiles.size()) *
                            build_layer0_schedule(c, plan, r).num_n_blocks;
-    const int64_t tiles1 = build_layer1_schedule(c, plan, r).num_tiles();
-    const int groups = (c.num_col_blocks1() + kCombineGroupBlocks - 1) / kCombineGroupBlocks;
+    // Layer1's column width follows the combine (128 with it in the GEMM blocks); a combine group
+    // is 1024 columns either way.
+    LayerConfig c1 = c;
+    c1.tiles.block_n1 = gemm_combine ? 128 : c.tiles.block_n1;
+    const int64_t tiles1 = build_layer1_schedule(c1, plan, r).num_tiles();
+    const int group_blocks = cuda::combine_group_blocks(c1.tiles.block_n1);
+    const int groups = (c1.num_col_blocks1() + group_blocks - 1) / group_blocks;
     for (int layer = 0; layer < 2; ++layer) {
       const Kernel& k = kernels[{r, layer}];
       const int64_t want = layer == 0 ? tiles0 : tiles1;
@@ -188,18 +204,25 @@ TEST_P(LayerTraceTest, EveryTileOnceCommOnCommBlocksBitwiseEqualToUntraced) {
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // The row order's layer0 items are A rows, several per token: its records must fit too.
+  // With layer1's combine in the GEMM blocks, its records come from their producer warps too.
   struct Variant {
     int n0, n1;
     DispatchOrder order;
+    Layer1Combine combine1;
   };
-  for (const Variant v : {Variant{16, 4, DispatchOrder::kRing}, {1, 1, DispatchOrder::kRing}, {16, 4, DispatchOrder::kRows}}) {
-    SCOPED_TRACE("n_comm " + std::to_string(v.n0) + "/" + std::to_string(v.n1) + ", " + dispatch_order_name(v.order));
+  for (const Variant v : {Variant{16, 4, DispatchOrder::kRing, Layer1Combine::kCommBlocks},
+                          {1, 1, DispatchOrder::kRing, Layer1Combine::kCommBlocks},
+                          {16, 4, DispatchOrder::kRows, Layer1Combine::kCommBlocks},
+                          {16, 4, DispatchOrder::kRing, Layer1Combine::kGemmBlocks}}) {
+    SCOPED_TRACE("n_comm " + std::to_string(v.n0) + "/" + std::to_string(v.n1) + ", " + dispatch_order_name(v.order) +
+                 ", combine1 " + layer1_combine_name(v.combine1));
     LayerOptions o;
     o.path = ForwardPath::kFused;
     o.n_comm0 = v.n0;
     o.n_comm1 = v.n1;
     o.layer0_copies = Layer0Copies::kCommBlocks;
     o.dispatch_order = v.order;
+    o.layer1_combine = v.combine1;
     const auto untraced = rig.forward(o, stream);
     EXPECT_THROW(rig.layer.read_trace(stream), Error);  // the last forward was not traced
     o.trace = true;

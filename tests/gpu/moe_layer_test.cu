@@ -293,6 +293,32 @@ TEST(FusedLayer, WithheldRankTimesOutNamingItAndRecovers) {
   }
 }
 
+// The benchmark parts run on the last plan: before any, and after the options switch layer1's
+// column width (LayerOptions::layer1_combine), they are refused until forward() or
+// run_part(kPlan) plans again; the next forward is unchanged.
+TEST(MoeLayer, BenchmarkPartsNeedAPlanOfTheCurrentLayer1Width) {
+  COMET_REQUIRE_GPU();
+  LayerRig rig(LayerCase{"qwen3-30b-a3b", 16, 4, 2, 128, {128, 40, 0, 97}, {RoutingKind::kZipf, 1.1, 0.1}, 9});
+  MoeLayer& layer = rig.layer;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.run_part(MoeLayer::Part::kGemms, nullptr); }, {"no plan yet"}));
+  LayerOptions blocks;
+  blocks.path = ForwardPath::kFused;
+  blocks.layer1_combine = Layer1Combine::kCommBlocks;
+  const auto want = rig.forward(blocks);
+  LayerOptions gemm = blocks;
+  gemm.layer1_combine = Layer1Combine::kGemmBlocks;
+  layer.set_options(gemm);
+  for (MoeLayer::Part part : {MoeLayer::Part::kGemms, MoeLayer::Part::kCommunication, MoeLayer::Part::kFusedGemms})
+    EXPECT_TRUE(test::throws_with<Error>([&] { layer.run_part(part, nullptr); },
+                                         {"256 columns", "now 128", "layer1_combine"}))
+        << "part " << int(part);
+  layer.run_part(MoeLayer::Part::kPlan, nullptr);
+  layer.run_part(MoeLayer::Part::kGemms, nullptr);
+  layer.run_part(MoeLayer::Part::kFusedGemms, nullptr);
+  layer.check(nullptr);
+  EXPECT_EQ(rig.forward(gemm), want);
+}
+
 // The benchmark parts run on the last forward's plans and buffers; none may leave a signal,
 // counter or buffer behind that changes the next forward, fused or not.
 TEST(MoeLayer, BenchmarkPartsLeaveTheNextForwardUnchanged) {
