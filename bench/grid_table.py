@@ -27,6 +27,9 @@ COLUMNS = {
     "M": ("M", 6, lambda r: r["world"] * r["tokens_per_rank"]),
     "layout": ("EPxTP", 6, lambda r: f"{r['ep']}x{r['tp']}"),
     "n_comm": ("n_comm", 7, lambda r: f"{r['n_comm0']}/{r['n_comm1']}"),
+    # Who ran layer1's combine (LayerOptions::layer1_combine as the layer resolved it; older
+    # JSON without the key: the communication blocks).
+    "cb1": ("cb1", 6, lambda r: r.get("layer1_combine", "blocks")),
     "fused_us": ("fused us", 9, lambda r: f"{r['fused_us']:.0f}"),
     "fused_ms": ("fused ms", 9, lambda r: f"{r['fused_us'] / 1e3:.2f}"),
     "unfused": ("unfused", 9, lambda r: f"{r['unfused_us']:.0f}"),
@@ -51,10 +54,10 @@ PAPER_MODELS = ("mixtral-8x7b", "qwen2-moe-2.7b", "phi-3.5-moe")
 PAPER_SPEEDUP, PAPER_HIDDEN = 1.96, 0.865
 
 VIEWS = {
-    "layer": ["model", "T", "n_comm", "fused_us", "unfused", "compute", "comm", "plan", "fused/cmp", "vs seq",
+    "layer": ["model", "T", "n_comm", "cb1", "fused_us", "unfused", "compute", "comm", "plan", "fused/cmp", "vs seq",
               "vs chunk", "path", "ok"],
     "paper": ["link", "model", "M", "layout", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "comm GB/s", "ok"],
-    "multi": ["model", "M", "layout", "n_comm", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "fused/cmp",
+    "multi": ["model", "M", "layout", "n_comm", "cb1", "fused_ms", "vs seq", "vs chunk", "hidden", "x bound", "fused/cmp",
               "path", "tuned vs seq", "tuned vs chunk", "ok"],
 }
 

@@ -75,6 +75,11 @@ def main():
     assert "path vs seq" in table[0], done.stdout
     assert "unfused" in table[1] and "1.10x" in table[1], done.stdout
     assert table[3].split()[-4:-1] == ["-", "-", "-"], done.stdout
+    # Who ran layer1's combine: the row's layer1_combine, "blocks" for JSON without it.
+    done = run_script("layer", [dict(rows[0], layer1_combine="gemm"), rows[1]])
+    table = done.stdout.splitlines()
+    assert table[0].split()[3] == "cb1", done.stdout
+    assert table[1].split()[3] == "gemm" and table[2].split()[3] == "blocks", done.stdout
     print("grid_table: ok")
 
 
