@@ -169,6 +169,12 @@ int bench_layer_command(const BenchLayerOptions& o) {
   if (link.on() && o.fabric != "loopback")
     throw UsageError("--emulate-link stands for a node of GPUs on one GPU (loopback fabric); with --fabric " + o.fabric +
                      " the links are real");
+  // Copies in the GEMM blocks cannot be paced: refused here rather than when the sweep reaches them.
+  const auto has_gemm = [](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), "gemm") != v.end(); };
+  if (link.on() && has_gemm(o.layer0_copies))
+    throw UsageError("--copies0 gemm: the GEMM blocks' copies cannot be paced to an emulated link (--emulate-link)");
+  if (link.on() && has_gemm(o.layer1_combine))
+    throw UsageError("--combine1 gemm: the GEMM blocks' combine cannot be paced to an emulated link (--emulate-link)");
   check_bench_inputs(o.models, o.tokens, "comet bench");
 #ifdef COMET_HAVE_CUDA
   bench::LayerBenchOptions lo;
