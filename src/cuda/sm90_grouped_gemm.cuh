@@ -93,9 +93,17 @@ struct GroupedGemmKernel {
   static_assert(kOutN % kStageCols == 0, "output tile must be whole staging passes");
   static constexpr int kStageBytes = kTileM * kStageLd * 2;
   static constexpr int kHelperRegs = kHelperRegs_;
+  // Registers per thread at launch (one block per SM): setmaxnreg only moves registers between
+  // the block's warpgroups, so the producer's and the consumers' counts must fit in this many per
+  // thread. Asking for more makes the consumers' increase wait forever (a hang, not an error:
+  // measured with 160 producer and 176 consumer registers).
+  static constexpr uint32_t kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr uint32_t kProducerRegs = kHelperRegs > 0 ? kHelperRegs : 40;
-  static constexpr uint32_t kConsumerRegs = kHelperRegs > 0 ? ((65536 - 128 * kHelperRegs) / 256) / 8 * 8 : 232;
+  static constexpr uint32_t kConsumerRegs =
+      kHelperRegs > 0 ? ((kLaunchRegs * kThreads - 128 * kHelperRegs) / kConsumerThreads) / 8 * 8 : 232;
   static_assert(kHelperRegs % 8 == 0 && kConsumerRegs <= 256, "setmaxnreg takes multiples of 8 up to 256");
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kThreads,
+                "the warpgroups' registers must fit the block's allocation at launch");
   static constexpr int kHelperSmemBytes = kHelperSmemBytes_;
 
   using Element = cutlass::bfloat16_t;
