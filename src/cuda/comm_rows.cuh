@@ -256,7 +256,7 @@ inline constexpr int kCombineGroupColumns = kCombineGroupBlocks * 256;
 __host__ __device__ inline int combine_group_blocks(int col_width) {
   return col_width >= kCombineGroupColumns ? 1 : kCombineGroupColumns / col_width;
 }
-__host__ __device__ inline int combine_groups(int num_col_blocks, int group_blocks = kCombineGroupBlocks) {
+__host__ __device__ inline int combine_groups(int num_col_blocks, int group_blocks) {
   return (num_col_blocks + group_blocks - 1) / group_blocks;
 }
 

@@ -585,7 +585,8 @@ __global__ void __launch_bounds__(kChunkTokens, kChunkBlocksPerSm)
                    int(gridDim.x * gridDim.y) * kChunkTokens);
 }
 
-PlanShape plan_shape(const LayerConfig& c) {
+// `layer1_width`: the launch's layer1 column width (DevicePlanArgs::layer1_width).
+PlanShape plan_shape(const LayerConfig& c, int layer1_width) {
   const DevicePlanLayout layout(c);
   PlanShape s;
   s.world = c.layout.world;
@@ -600,8 +601,8 @@ PlanShape plan_shape(const LayerConfig& c) {
   s.max_rows = layout.max_rows;
   s.max_m_tiles = layout.max_m_tiles;
   s.n_blocks0 = int(layout.n_blocks0);
-  s.n_blocks1 = int(layout.n_blocks1);  // build_device_plans sets the launch's (layer1_width)
-  s.raster_n1 = kRasterGroupN;
+  s.n_blocks1 = (s.hidden + layer1_width - 1) / layer1_width;  // at most layout.n_blocks1 (128 wide)
+  s.raster_n1 = combine_group_blocks(layer1_width);
   s.chunks = (s.t_max + kChunkTokens - 1) / kChunkTokens;
   s.group_of = ExpertGroupOf::for_experts_per_rank(s.experts_per_rank);
   return s;
@@ -678,14 +679,12 @@ void launch_plan_kernels(const PlanShape& s, const DevicePlanArgs* args, int cou
 }  // namespace
 
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream) {
-  PlanShape s = plan_shape(config);
   // Layer1's column blocks, as wide as the launch's GEMM1 tiles (the same for every rank).
   const int width = count > 0 ? args[0].layer1_width : 0;
   COMET_CHECK(width == 128 || width == 256, "build_device_plan: layer1_width " << width << " must be 128 or 256");
   for (int i = 0; i < count; ++i)
     COMET_CHECK(args[i].layer1_width == width, "build_device_plan: the ranks of one launch disagree on layer1_width");
-  s.n_blocks1 = (s.hidden + width - 1) / width;
-  s.raster_n1 = combine_group_blocks(width);
+  const PlanShape s = plan_shape(config, width);
   for (int i = 0; i < count; ++i) {
     const DevicePlanArgs& a = args[i];
     COMET_CHECK(a.rank >= 0 && a.rank < s.world, "build_device_plan: rank " << a.rank << " outside [0, " << s.world << ")");

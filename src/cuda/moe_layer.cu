@@ -488,9 +488,13 @@ struct MoeLayer::Impl {
       cuda::run_fused_layer0(g, f, s);
     } else {
       g.done_flags = f.col_done;
-      if (layer1_gemm_combine()) cuda::run_fused_layer1_gemm_combine(g, f, s);
-      else cuda::run_fused_layer1(g, f, s);
+      run_fused_layer1(g, f, s);
     }
+  }
+  // The fused layer1 kernel of the resolved combine (LayerOptions::layer1_combine).
+  void run_fused_layer1(const cuda::GroupedGemmArgs& g, const cuda::FusedCommArgs& f, cudaStream_t s) const {
+    if (layer1_gemm_combine()) cuda::run_fused_layer1_gemm_combine(g, f, s);
+    else cuda::run_fused_layer1(g, f, s);
   }
   // The fused kernels with idle communication blocks and no signals (run_part(kFusedGemms)).
   void fused_gemms_only(const Rank& k, cudaStream_t s) const {
@@ -499,8 +503,7 @@ struct MoeLayer::Impl {
       f.stall = 1;  // comm blocks return at once; GEMM blocks neither wait nor join the combine
       const cuda::GroupedGemmArgs g = gemm_args(k, layer);
       if (layer == 0) cuda::run_fused_layer0(g, f, s);
-      else if (layer1_gemm_combine()) cuda::run_fused_layer1_gemm_combine(g, f, s);
-      else cuda::run_fused_layer1(g, f, s);
+      else run_fused_layer1(g, f, s);
     }
   }
   // Step 6 for `n` ranks of one device from `first` (one launch per kOwnerReduceBatch ranks).

@@ -37,13 +37,11 @@ __global__ void __launch_bounds__(Gemm::kThreads, 1)
   // of every block claim combine items while the block runs GEMM1 tiles, and the consumers join
   // once their tiles are done.
   if constexpr (kLayer == 1 && Gemm::kHelperRegs > 0) {
-    const auto combine = [&f](char*) {
+    // The same loop for both: the consumers' join, and the helper (which needs no shared memory).
+    const auto combine = [&f] {
       if (!f.stall) combine_rows(f, f.plan.recv_psum, 0, 1);
     };
-    const auto join = [&f] {
-      if (!f.stall) combine_rows(f, f.plan.recv_psum, 0, 1);
-    };
-    Gemm::template run_block<false>(g, 0, 1, smem, join, combine);
+    Gemm::template run_block<false>(g, 0, 1, smem, combine, [&combine](char*) { combine(); });
     return;
   }
   if (int(blockIdx.x) < f.n_comm) {
