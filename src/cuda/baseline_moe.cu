@@ -130,11 +130,6 @@ struct StagingLayout {
   }
 };
 
-LayerConfig gpu_config(LayerConfig c) {
-  c.dtype = DType::kBF16;
-  return c;
-}
-
 void check_options(const BaselineOptions& o) {
   COMET_CHECK(o.chunks >= 1 && o.chunks <= kBaselineMaxChunks,
               "BaselineMoe: chunks must be within [1, " << kBaselineMaxChunks << "], got " << o.chunks);
@@ -217,7 +212,7 @@ struct BaselineMoe::Impl {
   BaselineTraffic traffic;
 
   Impl(const LayerConfig& c, fabric::Fabric& f)
-      : config(gpu_config(c)), fabric(f), heap(config), staging_layout(config) {}
+      : config(c), fabric(f), heap(config), staging_layout(config) {}
   ~Impl() {
     // Work still in flight on the internal streams uses everything below; the cuBLAS handles
     // name the lanes' streams.
@@ -649,6 +644,8 @@ struct BaselineMoe::Impl {
 };
 
 Status BaselineMoe::can_implement(const LayerConfig& c) {
+  if (c.dtype != DType::kBF16)
+    return Status::failure(std::string("the baselines run bf16 only, got ") + dtype_name(c.dtype));
   const Status s = c.validate();
   if (!s) return s;
   const int Fl = c.ffn_per_rank();
@@ -667,8 +664,7 @@ Status BaselineMoe::can_implement(const LayerConfig& c) {
   return Status::success();
 }
 
-int64_t BaselineMoe::device_bytes(const LayerConfig& config) {
-  const LayerConfig c = gpu_config(config);
+int64_t BaselineMoe::device_bytes(const LayerConfig& c) {
   const int64_t W = c.layout.world, H = c.model.hidden, Fl = c.ffn_per_rank();
   const int64_t weights = int64_t(c.experts_per_rank()) * (cuda::gemm0_weight_rows(c) + Fl) * H * 2;
   const int64_t cublas_workspace = int64_t(64) << 20;

@@ -98,9 +98,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, kOwnerReduceBlocksPerSm) 
   cuda::owner_reduce_rows(b.ranks[blockIdx.y], int(blockIdx.x) * warps + int(threadIdx.x) / 32, int(gridDim.x) * warps);
 }
 
+// The tiles the GPU runs, whatever the config asked for (its tiles are the CPU backend's).
 LayerConfig gpu_config(LayerConfig c) {
   c.tiles = {cuda::kGemmBlockM, 128, 256};
-  c.dtype = DType::kBF16;
   return c;
 }
 
@@ -721,7 +721,12 @@ struct MoeLayer::Impl {
   }
 };
 
-Status MoeLayer::can_implement(const LayerConfig& c) {
+Status MoeLayer::can_implement(const LayerConfig& config) {
+  if (config.dtype != DType::kBF16)
+    return Status::failure(std::string("the CUDA backend runs bf16 only, got ") + dtype_name(config.dtype) +
+                           " (the CPU backend runs fp16 and fp32)");
+  // The row and tile bounds are checked for the tiles the GPU runs, not the config's.
+  const LayerConfig c = gpu_config(config);
   const Status s = c.validate();
   if (!s) return s;
   if (c.model.hidden % 8 != 0 || c.ffn_per_rank() % 8 != 0)

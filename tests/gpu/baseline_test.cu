@@ -234,6 +234,9 @@ TEST(Baseline, RefusesWhatItCannotRun) {
   c.model.hidden = 100;
   EXPECT_NE(BaselineMoe::can_implement(c).reason.find("multiples of 8"), std::string::npos);
   c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
+  c.dtype = DType::kF16;
+  EXPECT_NE(BaselineMoe::can_implement(c).reason.find("bf16 only, got f16"), std::string::npos);
+  c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
   EXPECT_TRUE(BaselineMoe::can_implement(c).ok);
   EXPECT_GT(BaselineMoe::device_bytes(c), 0);
   COMET_REQUIRE_GPU();

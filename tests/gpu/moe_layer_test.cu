@@ -503,6 +503,17 @@ TEST(MoeLayer, RefusesConfigurationsItCannotRun) {
   c.model.activation = Activation::kSwiGlu;
   c.model.hidden = 100;
   EXPECT_NE(MoeLayer::can_implement(c).reason.find("multiples of 8"), std::string::npos);
+  // Another storage type is refused, not read as bf16.
+  for (DType dtype : {DType::kF16, DType::kF32}) {
+    c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
+    c.dtype = dtype;
+    EXPECT_NE(MoeLayer::can_implement(c).reason.find(std::string("bf16 only, got ") + dtype_name(dtype)),
+              std::string::npos)
+        << MoeLayer::can_implement(c).reason;
+  }
+  COMET_REQUIRE_GPU();
+  auto fabric = fabric::make_loopback_fabric(c.layout.world);
+  EXPECT_TRUE(test::throws_with<Error>([&] { MoeLayer layer(c, *fabric); }, {"MoeLayer: ", "bf16 only"}));
 }
 
 }  // namespace
