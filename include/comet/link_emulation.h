@@ -21,7 +21,8 @@ struct LinkEmulation {
   double latency_us = 0;  // one-way latency of the link
 
   bool on() const { return gbps > 0; }
-  // Off, or a finite rate > 0 with a latency in [0, kMaxLatencyUs]; the reason names the bad value.
+  // Off, or a finite rate of at least kMinGbps with a latency in [0, kMaxLatencyUs]; the reason
+  // names the bad value.
   Status validate() const;
   // "emulated link 450 GB/s, 2 us" or "no link emulation".
   std::string describe() const;
@@ -29,6 +30,9 @@ struct LinkEmulation {
   std::string short_name() const;
 
   static constexpr double kMaxLatencyUs = 1e6;
+  // 1 MB/s. Slower links pace nothing useful (their waits end at the layer's timeout cut), and
+  // their per-byte cost in picoseconds nears the pacer's 64-bit range (cuda/link_pace.cuh).
+  static constexpr double kMinGbps = 1e-3;
 };
 
 // "GBPS" or "GBPS,LATENCY_US" (e.g. "450" or "160,2.5"). Throws comet::Error naming the bad

@@ -30,7 +30,8 @@ struct Routing {
 
 // Softmax over each token's E logits, then the topk largest probabilities (ties: lower expert
 // id first). With renormalize the kept weights sum to 1 (Mixtral); without they are the raw
-// softmax probabilities (Qwen-MoE style).
+// softmax probabilities (Qwen-MoE style). A logit of -inf masks its expert (probability 0);
+// NaN, +inf, or a token whose logits are all -inf throw comet::Error naming the token.
 Routing softmax_topk_gating(const std::vector<float>& logits, int num_tokens, int num_experts,
                             int topk, bool renormalize = true);
 

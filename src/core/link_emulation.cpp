@@ -34,6 +34,9 @@ Status LinkEmulation::validate() const {
   if (!std::isfinite(latency_us) || latency_us < 0 || latency_us > kMaxLatencyUs)
     return Status::failure("link emulation: the latency must be within [0, " + number(kMaxLatencyUs) + "] us, got " +
                            number(latency_us));
+  if (gbps > 0 && gbps < kMinGbps)
+    return Status::failure("link emulation: the rate must be at least " + number(kMinGbps) + " GB/s, got " +
+                           number(gbps));
   if (gbps == 0 && latency_us > 0)
     return Status::failure("link emulation: a latency of " + number(latency_us) + " us needs a rate (GB/s > 0)");
   return Status::success();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -75,7 +76,13 @@ Routing softmax_topk_gating(const std::vector<float>& logits, int num_tokens, in
   std::vector<int> idx(num_experts);
   for (int t = 0; t < num_tokens; ++t) {
     const float* row = logits.data() + size_t(t) * num_experts;
+    // -inf masks an expert (probability 0); NaN and +inf have no probability.
+    for (int e = 0; e < num_experts; ++e)
+      COMET_CHECK(!std::isnan(row[e]) && row[e] != std::numeric_limits<float>::infinity(),
+                  "softmax_topk_gating: token " << t << ", expert " << e << ": logit " << row[e]
+                                                << " (a logit must be finite, or -inf to mask the expert)");
     const double max_logit = *std::max_element(row, row + num_experts);
+    COMET_CHECK(std::isfinite(max_logit), "softmax_topk_gating: token " << t << ": every logit is -inf");
     double sum = 0;
     for (int e = 0; e < num_experts; ++e) sum += prob[e] = std::exp(double(row[e]) - max_logit);
     for (int e = 0; e < num_experts; ++e) prob[e] /= sum;

@@ -54,6 +54,9 @@ TEST(LinkEmulation, ValidateAcceptsOffAndRejectsWhatCannotRun) {
   const Status inf_latency = LinkEmulation{450, std::numeric_limits<double>::infinity()}.validate();
   EXPECT_FALSE(inf_latency.ok);
   EXPECT_TRUE(test::contains(inf_latency.reason, "latency"));
+  const Status crawl = LinkEmulation{1e-15, 0}.validate();
+  EXPECT_FALSE(crawl.ok);
+  EXPECT_TRUE(test::contains(crawl.reason, "at least"));
   const Status latency_only = LinkEmulation{0, 2}.validate();  // a latency needs a rate
   EXPECT_FALSE(latency_only.ok);
   EXPECT_TRUE(test::contains(latency_only.reason, "2 us"));

@@ -111,6 +111,22 @@ TEST(Gating, LargeLogitsStayFinite) {
   expect_gating_matches(logits, 2, 4, 2);
 }
 
+TEST(Gating, MaskedLogitsAreSkippedAndNonFiniteOnesRefused) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Routing r = softmax_topk_gating({-inf, 1, -inf, 0}, 1, 4, 2, true);
+  EXPECT_EQ(r.expert(0, 0), 1);
+  EXPECT_EQ(r.expert(0, 1), 3);
+  EXPECT_NEAR(r.weight(0, 0) + r.weight(0, 1), 1.0, 1e-6);
+  const Routing zero = softmax_topk_gating({-inf, 1, -inf, -inf}, 1, 4, 2, false);
+  EXPECT_EQ(zero.weight(0, 1), 0.f);  // fewer unmasked experts than topk: a zero weight
+  EXPECT_TRUE(test::throws_with<Error>([&] { softmax_topk_gating({0, 0, 0, 0, 1, inf, 0, 0}, 2, 4, 2); },
+                                       {"token 1, expert 1", "inf"}));
+  EXPECT_TRUE(test::throws_with<Error>([&] { softmax_topk_gating({0, std::nanf(""), 0, 0}, 1, 4, 2); },
+                                       {"token 0, expert 1", "nan"}));
+  EXPECT_TRUE(test::throws_with<Error>([&] { softmax_topk_gating({0, 0, 0, 0, -inf, -inf, -inf, -inf}, 2, 4, 2); },
+                                       {"token 1", "every logit is -inf"}));
+}
+
 TEST(Gating, RandomLogitsMatchDirectComputation) {
   Rng rng(99);
   for (int e : {4, 8, 16, 64}) {
