@@ -195,6 +195,13 @@ struct BaselineMoe::Impl {
   std::vector<void*> peers;      // [W] every rank's heap as this process addresses it
   std::vector<void*> w0, w1;     // [W], local ranks only
   bool have_weights = false;
+  uint64_t heap_generation = 0;  // the fabric's, after this layer's allocate()
+  // A second layer built on this fabric reallocated the heap under this one.
+  void check_heap() const {
+    COMET_CHECK(fabric.heap_generation() == heap_generation,
+                "BaselineMoe: the fabric's heap was reallocated after this layer was built (another layer on the "
+                "same fabric?); use one fabric per layer object");
+  }
 
   char* staging = nullptr;       // pinned, staging_layout.total
   cuda::LinkPacer* pacer = nullptr;  // link emulation (one GPU): every all-to-all's, zeroed by each
@@ -695,6 +702,7 @@ BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, cons
   m.dims.t_max = c.max_tokens_per_rank;
   m.dims.meta_per_token = meta_per_token(c);
   m.fabric.allocate(m.heap.total);  // Nccl: collective
+  m.heap_generation = m.fabric.heap_generation();
   m.peers = m.fabric.peer_table_host(m.fabric.first_local_rank());
   m.w0.assign(W, nullptr);
   m.w1.assign(W, nullptr);
@@ -769,7 +777,10 @@ void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* strea
     const RankTensors& t = m.tensors(in, r);
     COMET_CHECK(t.x && t.expert_ids && t.weights && t.num_tokens && t.y,
                 "BaselineMoe: rank " << r << " has a null tensor pointer");
+    COMET_CHECK(reinterpret_cast<uintptr_t>(t.x) % 16 == 0 && reinterpret_cast<uintptr_t>(t.y) % 16 == 0,
+                "BaselineMoe: rank " << r << "'s x or y is not 16-byte aligned (rows move 16 bytes at a time)");
   }
+  m.check_heap();
   fabric::detail::DeviceGuard guard;
   m.begin(stream);
   m.route(in);
@@ -782,6 +793,7 @@ void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* strea
 
 void BaselineMoe::run_part(Part part, CUstream_st* stream) {
   Impl& m = *impl_;
+  m.check_heap();
   COMET_CHECK(m.have_layout,
               "BaselineMoe: run forward() once (after the last set_options or set_weights) before run_part()");
   fabric::detail::DeviceGuard guard;

@@ -112,6 +112,23 @@ LayerConfig workspace_config(LayerConfig c) {
   return c;
 }
 
+// Why `p` cannot be a tensor of a rank on `device` (empty when it can): device memory of that
+// GPU or managed memory. Anything else faults in a kernel, which leaves the context unusable.
+std::string misplaced_tensor(const void* p, int device) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "is not memory CUDA knows";
+  }
+  switch (a.type) {
+    case cudaMemoryTypeManaged: return {};
+    case cudaMemoryTypeDevice:
+      return a.device == device ? std::string() : "is memory of GPU " + std::to_string(a.device) + ", the rank runs on GPU " + std::to_string(device);
+    case cudaMemoryTypeHost: return "is host memory";
+    default: return "is host memory CUDA does not know";
+  }
+}
+
 }  // namespace
 
 struct MoeLayer::Impl {
@@ -181,6 +198,8 @@ struct MoeLayer::Impl {
   // Layer1's column width of the last plan built (forward() or run_part(kPlan)): run_part's
   // GEMMs and copies run on that plan, so they must not switch width before a new one.
   int planned_layer1_width = 0;
+  uint64_t heap_generation = 0;              // the fabric's, after this layer's allocate()
+  std::vector<RankTensors> checked_tensors;  // the pointers the last forward() checked
   bool fused_path() const { return path.fused; }
   // SwiGLU (the presets' experts): GEMM0 + SwiGLU, fused or unfused. A plain activation (GELU,
   // ReLU, SiLU): GEMM0 with the plain-activation epilogue, which is instantiated for the ping-pong
@@ -694,6 +713,54 @@ struct MoeLayer::Impl {
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
+  // A second layer built on this fabric reallocated the heap: this layer's peer tables and
+  // regions point into freed memory.
+  void check_heap() const {
+    COMET_CHECK(fabric.heap_generation() == heap_generation,
+                "MoeLayer: the fabric's heap was reallocated after this layer was built (another layer on the same "
+                "fabric?); use one fabric per layer object");
+  }
+  // One stream for every rank: the kernels run on the current device and `stream`, which must
+  // be the ranks' GPU.
+  void check_stream_device(cudaStream_t stream) const {
+    if (per_rank_streams) return;  // forked to the ranks' own streams from any device
+    int current = 0, on = 0;
+    COMET_CUDA_CHECK(cudaGetDevice(&current));
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+      on = current;
+    else
+      COMET_CUDA_CHECK(cudaStreamGetDevice(stream, &on));
+    COMET_CHECK(current == ranks[0].device && on == ranks[0].device,
+                "MoeLayer: the current device is GPU " << current << " and the stream is on GPU " << on
+                                                       << ", the ranks run on GPU " << ranks[0].device);
+  }
+  // Null, misplaced or misaligned tensors fail here, by name, instead of faulting on the device.
+  // Pointers equal to the last call's were checked then (a graph replay or a training loop
+  // passes the same ones every step).
+  void check_tensors(const std::vector<RankTensors>& in) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      const RankTensors& t = in[i];
+      const int r = fabric.first_local_rank() + int(i);
+      if (i < checked_tensors.size()) {
+        const RankTensors& c = checked_tensors[i];
+        if (t.x == c.x && t.expert_ids == c.expert_ids && t.weights == c.weights && t.num_tokens == c.num_tokens &&
+            t.y == c.y)
+          continue;
+      }
+      const std::pair<const char*, const void*> named[] = {
+          {"x", t.x}, {"expert_ids", t.expert_ids}, {"weights", t.weights}, {"num_tokens", t.num_tokens}, {"y", t.y}};
+      for (const auto& [name, p] : named) {
+        COMET_CHECK(p != nullptr, "MoeLayer: rank " << r << "'s " << name << " is a null pointer");
+        const std::string why = misplaced_tensor(p, ranks[i].device);
+        COMET_CHECK(why.empty(), "MoeLayer: rank " << r << "'s " << name << " " << why
+                                                    << " (tensors are device memory of the rank's GPU)");
+      }
+      COMET_CHECK(reinterpret_cast<uintptr_t>(t.y) % 16 == 0,
+                  "MoeLayer: rank " << r << "'s y is not 16-byte aligned (the output is stored 16 bytes at a time)");
+    }
+    checked_tensors = in;
+  }
+
   Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(workspace_config(config)), plan_layout(config) {
     // Every layer1 width the options can choose must fit the column signals.
     COMET_CHECK(plan_layout.n_blocks1 <= layout.region("col_done").elements,
@@ -760,6 +827,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
               "MoeLayer: two ranks of this process share a GPU while the ranks span several GPUs or processes; "
               "each rank needs a GPU of its own there (or put every rank on one GPU: Loopback)");
   m.fabric.allocate(m.layout.total_bytes());
+  m.heap_generation = m.fabric.heap_generation();
   DeviceGuard guard;
   m.ranks.resize(local);
   for (int i = 0; i < local; ++i) {
@@ -815,7 +883,9 @@ void MoeLayer::set_options(const LayerOptions& o) {
   COMET_CHECK(o.n_comm0 >= 0 && o.n_comm0 < num_sms && o.n_comm1 >= 0 && o.n_comm1 < num_sms,
               "MoeLayer: n_comm0 " << o.n_comm0 << " and n_comm1 " << o.n_comm1 << " must be in [0, " << num_sms - 1
                                    << "] (0 chooses; this GPU has " << num_sms << " SMs)");
-  COMET_CHECK(o.timeout_s > 0, "MoeLayer: timeout must be positive, got " << o.timeout_s);
+  // Device waits count nanoseconds in 64 bits; the bounds keep the conversion exact enough.
+  COMET_CHECK(std::isfinite(o.timeout_s) && o.timeout_s >= 1e-6 && o.timeout_s <= 1e6,
+              "MoeLayer: timeout_s must be within [1e-6, 1e6] seconds, got " << o.timeout_s);
   COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
   COMET_CHECK(o.layer0_stages >= 0, "MoeLayer: layer0_stages must be >= 0 (0 chooses), got " << o.layer0_stages);
   COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
@@ -869,6 +939,7 @@ void MoeLayer::set_random_weights(uint64_t seed) {
 
 void MoeLayer::run_part(Part part, CUstream_st* stream) {
   Impl& m = *impl_;
+  m.check_heap();
   COMET_CHECK(m.have_weights, "MoeLayer: set weights and run forward() once before run_part()");
   if (part == Part::kBarrier) {  // the forward's barrier (counts in its sequence); on one stream, stream order
     if (m.per_rank_streams) m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) { m.barrier(k, 2, s); }});
@@ -946,9 +1017,9 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
                                                                             << local << " (ranks " << first << ".."
                                                                             << first + local - 1 << " of "
                                                                             << m.config.layout.world << ")");
-  for (int i = 0; i < local; ++i)
-    COMET_CHECK(in[i].x && in[i].expert_ids && in[i].weights && in[i].num_tokens && in[i].y,
-                "MoeLayer: rank " << first + i << " has a null tensor pointer");
+  m.check_heap();
+  m.check_stream_device(stream);
+  m.check_tensors(in);
   // Trace buffers first: allocating them may throw, and must not once the plans advanced epochs.
   const bool traced = m.fused_path() && m.options.trace;
   if (traced) m.prepare_trace(stream);

@@ -52,6 +52,11 @@ void Fabric::all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream)
   run_all_to_all_v(local_ranks, stream);
 }
 
+void Fabric::allocate(int64_t bytes_per_rank) {
+  run_allocate(bytes_per_rank);
+  ++heap_generation_;
+}
+
 void Fabric::all_to_all_v(const void* send, const int64_t* send_bytes, const int64_t* send_offsets, void* recv,
                           const int64_t* recv_bytes, const int64_t* recv_offsets, CUstream_st* stream) {
   COMET_CHECK(num_local_ranks() == 1, "all_to_all_v with one rank's buffers needs a fabric with one local rank (Nccl, "
@@ -95,7 +100,7 @@ class LoopbackFabric final : public Fabric {
     return device_;
   }
   int64_t bytes_per_rank() const override { return bytes_; }
-  void allocate(int64_t bytes) override {
+  void run_allocate(int64_t bytes) override {
     COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
     release();
     DeviceGuard guard;
@@ -168,7 +173,7 @@ class LocalFabric final : public Fabric {
     return rank;
   }
   int64_t bytes_per_rank() const override { return bytes_; }
-  void allocate(int64_t bytes) override {
+  void run_allocate(int64_t bytes) override {
     COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
     release();
     DeviceGuard guard;

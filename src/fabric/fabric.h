@@ -23,7 +23,8 @@
 // rank; all ranks must call them in the same order (allocate() with the same size). Host-side
 // waits for other ranks end after ProcessEnv::timeout_s with comet::TimeoutError; the
 // communicator is then aborted and the fabric unusable.
-// Thread safety: none; one fabric per layer object.
+// Thread safety: none. One fabric per layer object: a second layer's allocate() replaces the
+// heap, and the first layer then refuses to run (heap_generation()).
 #pragma once
 
 #include <cstdint>
@@ -65,7 +66,11 @@ class Fabric {
   // (Re)allocates the symmetric heap; bytes are rounded up to 256. Previous contents are lost.
   // Nccl: collective, every rank with the same size (checked); the caller's work on the old
   // heap must be finished on every rank (the fabric synchronizes the device and the ranks).
-  virtual void allocate(int64_t bytes_per_rank) = 0;
+  void allocate(int64_t bytes_per_rank);
+  // How many times allocate() has returned: a layer notes it after its own allocate() and
+  // refuses to run once another object reallocated the heap under it (its device tables would
+  // point into freed memory).
+  uint64_t heap_generation() const { return heap_generation_; }
   virtual int64_t bytes_per_rank() const = 0;
   // Local rank r's heap as seen from its own device.
   virtual void* base(int rank) const = 0;
@@ -102,6 +107,9 @@ class Fabric {
  private:
   // all_to_all_v() after its arguments were checked.
   virtual void run_all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream) = 0;
+  // allocate() itself.
+  virtual void run_allocate(int64_t bytes_per_rank) = 0;
+  uint64_t heap_generation_ = 0;
 };
 
 // Throws comet::Error if no GPU is visible or the device ordinal is out of range.

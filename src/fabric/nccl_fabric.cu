@@ -121,7 +121,7 @@ class NcclFabric final : public Fabric {
     return table_host_;
   }
 
-  void allocate(int64_t bytes) override {
+  void run_allocate(int64_t bytes) override {
     COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
     check_usable();
     DeviceGuard guard;

@@ -248,6 +248,17 @@ TEST(Baseline, RefusesWhatItCannotRun) {
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward({}, nullptr); }, {"set_weights"}));
   auto three = fabric::make_loopback_fabric(3);
   EXPECT_TRUE(test::throws_with<Error>([&] { BaselineMoe refused(c, *three); }, {"the fabric has 3 ranks"}));
+  // Misaligned rows, and a second layer that reallocated the fabric's heap under this one.
+  layer.set_random_weights(1);
+  const MoeProblem p = make_problem(c, {40, 7}, {}, 3);
+  cuda::DeviceProblem inputs(c, p);
+  std::vector<RankTensors> odd = inputs.tensors();
+  odd[1].y = static_cast<char*>(odd[1].y) + 2;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(odd, nullptr); }, {"rank 1's x or y", "16-byte"}));
+  layer.forward(inputs.tensors(), nullptr);
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  BaselineMoe second(c, *fabric);
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(inputs.tensors(), nullptr); }, {"reallocated"}));
 }
 
 // ---- Local fabric: rank r on GPU r ----
@@ -414,6 +425,9 @@ TEST(BaselineLocal, StreamsWeightsAndErrors) {
   std::vector<RankTensors> null_y = inputs.tensors();
   null_y[1].y = nullptr;
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(null_y, nullptr); }, {"rank 1 has a null tensor"}));
+  std::vector<RankTensors> odd_x = inputs.tensors();
+  odd_x[0].x = static_cast<const char*>(odd_x[0].x) + 2;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(odd_x, nullptr); }, {"rank 0's x or y", "16-byte"}));
   layer.set_options(chunked_baseline(2));
   want_layer.set_options(chunked_baseline(2));
   EXPECT_EQ(inputs.run(layer), run(want_layer, want_inputs)) << "after the errors";

@@ -143,6 +143,46 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
 }
 
+// Misuse the host can see is refused by name before anything is enqueued, and the layer runs
+// normally afterwards: tensors that are null, host memory or misaligned, an unbounded timeout,
+// a second layer reallocating the fabric's heap, a stream of another GPU.
+TEST(MoeLayer, MisusedTensorsOptionsAndFabricAreRefusedByName) {
+  COMET_REQUIRE_GPU();
+  LayerRig rig(LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7});
+  MoeLayer& layer = rig.layer;
+  const std::vector<RankTensors> good = rig.device.tensors();
+  auto refused = [&](std::vector<RankTensors> in, std::initializer_list<std::string> parts) {
+    return test::throws_with<Error>([&] { layer.forward(in, nullptr); }, parts);
+  };
+  std::vector<RankTensors> bad = good;
+  bad[1].weights = nullptr;
+  EXPECT_TRUE(refused(bad, {"rank 1's weights is a null pointer"}));
+  bad = good;
+  bad[1].y = static_cast<char*>(good[1].y) + 2;  // one bf16 element in
+  EXPECT_TRUE(refused(bad, {"rank 1's y is not 16-byte aligned"}));
+  std::vector<uint16_t> host_y(size_t(rig.config.max_tokens_per_rank) * rig.config.model.hidden);
+  bad = good;
+  bad[0].y = host_y.data();
+  EXPECT_TRUE(refused(bad, {"rank 0's y", "host memory"}));
+  LayerOptions forever;
+  forever.timeout_s = INFINITY;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(forever); }, {"timeout_s", "inf"}));
+  forever.timeout_s = 1e-12;
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_options(forever); }, {"timeout_s"}));
+  if (cuda::query_device_info().device_count > 1) {  // the current device is not the ranks' GPU
+    COMET_CUDA_CHECK(cudaSetDevice(1));
+    EXPECT_TRUE(refused(good, {"the current device is GPU 1", "the ranks run on GPU 0"}));
+    COMET_CUDA_CHECK(cudaSetDevice(0));
+  }
+  // None of it enqueued anything: the same layer still runs and matches the oracle.
+  EXPECT_TRUE(testing::near_oracle(rig.forward(LayerOptions{}), ref::oracle_forward(rig.problem)));
+  {
+    MoeLayer second(rig.config, *rig.fabric);  // reallocates the heap under `layer`
+    EXPECT_TRUE(refused(good, {"reallocated", "one fabric per layer"}));
+    EXPECT_TRUE(test::throws_with<Error>([&] { layer.run_part(MoeLayer::Part::kGemms, nullptr); }, {"reallocated"}));
+  }
+}
+
 // The fused Comet kernels against the unfused pipeline: the same GEMM kernel, tile lists and
 // reduction order, so the outputs must be bitwise equal, for any n_comm, over several calls
 // (epoch counters advance, never reset).
