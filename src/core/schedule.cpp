@@ -7,8 +7,29 @@
 
 namespace comet {
 
+namespace {
+// The builders index the plan's per-rank vectors with `rank`: outside [0, W) they would read
+// past them.
+void check_rank(const DispatchPlan& plan, int rank, const char* what) {
+  COMET_CHECK(rank >= 0 && rank < plan.world(), what << ": rank " << rank << " outside [0, W=" << plan.world() << ")");
+}
+// A schedule from a config of another layer than the plan's would cut tiles across expert
+// segments (or index past them).
+void check_same_layer(const LayerConfig& config, const DispatchPlan& plan, const char* what) {
+  COMET_CHECK(config.layout.world == plan.world() && config.experts_per_rank() == plan.experts_per_rank() &&
+                  config.model.topk == plan.topk(),
+              what << ": the config (W=" << config.layout.world << ", E/EP=" << config.experts_per_rank()
+                   << ", topk=" << config.model.topk << ") is not the plan's (W=" << plan.world()
+                   << ", E/EP=" << plan.experts_per_rank() << ", topk=" << plan.topk() << ")");
+  COMET_CHECK(config.tiles.block_m > 0 && plan.row_align() % config.tiles.block_m == 0,
+              what << ": the plan's expert segments are aligned to " << plan.row_align()
+                   << " rows, not a multiple of block_m " << config.tiles.block_m);
+}
+}  // namespace
+
 std::vector<MTile> build_m_tiles(const DispatchPlan& plan, int dst, int block_m) {
   COMET_CHECK(block_m > 0, "block_m must be positive, got " << block_m);
+  check_rank(plan, dst, "build_m_tiles");
   std::vector<MTile> tiles;
   for (int e = 0; e < plan.experts_per_rank(); ++e) {
     const int begin = plan.expert_row_begin(dst, e);
@@ -26,6 +47,7 @@ std::vector<MTile> build_m_tiles(const DispatchPlan& plan, int dst, int block_m)
 
 Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst, int stages) {
   COMET_CHECK(stages >= 0, "layer0 stages must be >= 0 (0: one per ring position), got " << stages);
+  check_same_layer(config, plan, "build_layer0_schedule");
   Layer0Schedule s;
   s.rank = dst;
   s.world = plan.world();
@@ -54,6 +76,7 @@ int default_layer0_stages(int world) {
 }
 
 Layer1Schedule build_layer1_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst) {
+  check_same_layer(config, plan, "build_layer1_schedule");
   Layer1Schedule s;
   s.rank = dst;
   s.num_col_blocks = config.num_col_blocks1();
@@ -65,6 +88,7 @@ namespace {
 // Chunks of the send lists peer->rank, peers in rank's ring order (own rank first).
 std::vector<CommChunk> ring_chunks(const DispatchPlan& plan, int rank, int chunk_tokens) {
   COMET_CHECK(chunk_tokens > 0, "comm chunk size must be positive, got " << chunk_tokens);
+  check_rank(plan, rank, "comm chunks");
   std::vector<CommChunk> chunks;
   for (int pos = 0; pos < plan.world(); ++pos) {
     const int peer = plan.ring_src(rank, pos);
@@ -87,6 +111,8 @@ std::vector<CommChunk> build_layer1_comm_chunks(const DispatchPlan& plan, int ra
 }
 
 int64_t combine_arrivals_expected(const DispatchPlan& plan, int owner, int peer, int num_col_blocks) {
+  check_rank(plan, owner, "combine_arrivals_expected (owner)");
+  check_rank(plan, peer, "combine_arrivals_expected (peer)");
   return int64_t(plan.send_count(owner, peer)) * num_col_blocks;
 }
 

@@ -464,5 +464,22 @@ TEST(PlanBadRouting, TopkMismatchOrSizeMismatchThrows) {
   EXPECT_TRUE(throws_with<Error>([&] { DispatchPlan(c, routing); }));
 }
 
+TEST(ScheduleBadArguments, RanksOutsideTheWorldAndAnotherLayersConfigAreRefused) {
+  const LayerConfig c = bad_config();
+  const DispatchPlan plan(c, good_routing(c));
+  const int W = c.layout.world;
+  EXPECT_TRUE(throws_with<Error>([&] { build_layer0_schedule(c, plan, W); }, {"rank " + std::to_string(W), "outside"}));
+  EXPECT_TRUE(throws_with<Error>([&] { build_layer1_schedule(c, plan, -1); }, {"rank -1", "outside"}));
+  EXPECT_TRUE(throws_with<Error>([&] { build_layer0_comm_chunks(plan, W, 4); }, {"outside"}));
+  EXPECT_TRUE(throws_with<Error>([&] { combine_arrivals_expected(plan, 0, W, 1); }, {"peer", "outside"}));
+  LayerConfig other = c;
+  other.model.topk = 1;
+  EXPECT_TRUE(throws_with<Error>([&] { build_layer0_schedule(other, plan, 0); }, {"not the plan's", "topk=1"}));
+  other = c;
+  other.tiles.block_m = c.tiles.block_m * 2;  // tiles would span two experts' segments
+  EXPECT_TRUE(throws_with<Error>([&] { build_layer1_schedule(other, plan, 0); }, {"not a multiple of block_m"}));
+  EXPECT_NO_THROW(build_layer0_schedule(c, plan, W - 1));
+}
+
 }  // namespace
 }  // namespace comet
