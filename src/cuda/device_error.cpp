@@ -1,6 +1,7 @@
 // Host-side description of a kernel's timeout record.
 #include "cuda/device_error.h"
 
+#include <cstring>
 #include <sstream>
 
 namespace comet::cuda {
@@ -18,6 +19,7 @@ const char* wait_role_name(WaitRole role) {
     case WaitRole::kRepeatedExpert: return "each expert at most once per token";
     case WaitRole::kBadSchedule: return "GEMM tiles in whole clusters";
     case WaitRole::kSplitPartial: return "the other part of a split GEMM tile";
+    case WaitRole::kBadWeight: return "a finite routing weight";
   }
   return "unknown";
 }
@@ -36,9 +38,17 @@ std::string describe(const DeviceError& e) {
          << " (a schedule built for another kernel configuration); no tile ran";
     return os.str();
   }
+  if (e.role == int32_t(WaitRole::kBadWeight)) {
+    float w = 0;
+    const uint32_t bits = uint32_t(e.observed);
+    std::memcpy(&w, &bits, sizeof w);
+    os << "rank " << e.rank << ": bad input from rank " << e.signal << ": expected " << wait_role_name(WaitRole(e.role))
+       << ", got " << w;
+    return os.str();
+  }
   if (e.role >= int32_t(WaitRole::kBadTokenCount) && e.role <= int32_t(WaitRole::kRepeatedExpert)) {
     os << "rank " << e.rank << ": bad input from rank " << e.signal << ": expected "
-       << wait_role_name(WaitRole(e.role)) << " (bound " << e.expected << "), got " << e.observed;
+       << wait_role_name(WaitRole(e.role)) << " (bound " << e.expected << "), got " << int64_t(e.observed);
     return os.str();
   }
   if (e.rank >= 0) os << "rank " << e.rank << " ";

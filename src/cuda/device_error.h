@@ -18,7 +18,7 @@ enum class WaitRole : int32_t {
   kCommArrivals = 3,    // owner waiting for peers' partial rows
   kBarrier = 4,
   // Input errors found on the device (no wait involved): `signal` is the rank whose input is
-  // bad, `observed` the bad value, `expected` the bound it broke.
+  // bad, `observed` the bad value (signed, two's complement), `expected` the bound it broke.
   kBadTokenCount = 5,  // more tokens than T_max
   kBadExpertId = 6,    // an expert id outside [-1, E)
   kRowOverflow = 7,    // more rows than the buffers hold
@@ -30,6 +30,9 @@ enum class WaitRole : int32_t {
   kBadSchedule = 9,
   // A split tile's finishing entry waiting for one of its other parts (`signal` = the slot).
   kSplitPartial = 10,
+  // An input error like those above: an unmasked slot's routing weight is NaN or infinite
+  // (`observed` = the float's bits). Found by the rank that holds the slot's expert.
+  kBadWeight = 11,
 };
 
 struct DeviceError {

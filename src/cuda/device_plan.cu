@@ -85,7 +85,7 @@ __device__ void record_input_error(DeviceError* error, int rank, WaitRole role, 
 __device__ int published_tokens(const DevicePlanArgs& a, const PlanShape& s, int src, bool report) {
   const int t = *a.token_counts[src];
   if (t >= 0 && t <= s.t_max) return t;
-  if (report) record_input_error(a.error, a.rank, WaitRole::kBadTokenCount, src, s.t_max, uint64_t(t));
+  if (report) record_input_error(a.error, a.rank, WaitRole::kBadTokenCount, src, s.t_max, uint64_t(int64_t(t)));
   return 0;
 }
 
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kChunkTokens, kCountBlocksPerSm<kSlots>)
     }
   }
   // The errors, off the slot loops (rare): the last bad id, the first repeated expert.
-  if (bad_id != -1) record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(uint32_t(bad_id)));
+  if (bad_id != -1) record_input_error(a.error, r, WaitRole::kBadExpertId, src, s.num_experts, uint64_t(int64_t(bad_id)));
   if (repeated >= 0) {
     const int id = (repeated >> 16) * E + (repeated & 0xffff);
     record_input_error(a.error, r, WaitRole::kRepeatedExpert, src, uint64_t(s.num_experts), uint64_t(id));
@@ -561,6 +561,7 @@ __device__ __forceinline__ void place_chunk(const PlanShape& s, const DevicePlan
       const unsigned lanes_below = (1u << lane) - 1u;
       const int row = warp_cnt[warp * E + e] + __popc(my_masks[e] & lanes_below);
       const float w = weights[size_t(t) * K + k];
+      if (!isfinite(w)) record_input_error(a.error, r, WaitRole::kBadWeight, src, 0, __float_as_uint(w));
       plan.recv_rows[size_t(slot) * R + j] = row;
       plan.row_source[row] = pack_row_source(pos, t);
       plan.recv_weight[size_t(slot) * R + j] = w;
@@ -606,6 +607,33 @@ PlanShape plan_shape(const LayerConfig& c, int layer1_width) {
   s.chunks = (s.t_max + kChunkTokens - 1) / kChunkTokens;
   s.group_of = ExpertGroupOf::for_experts_per_rank(s.experts_per_rank);
   return s;
+}
+
+// The plan kernels' bounds on a shape (shared memory, 32-bit indices, exact expert groups):
+// checked at every launch and, through device_plan_can_implement, before a layer is built.
+size_t count_smem_bytes(const PlanShape& s) { return sizeof(int) * size_t(s.experts_per_rank + s.ep); }
+size_t place_smem_bytes(const PlanShape& s) { return sizeof(int) * size_t(2 * kChunkWarps + 1) * s.experts_per_rank; }
+
+void check_plan_shape(const PlanShape& s) {
+  // The placing kernel keeps a token's EP groups in a 64-bit mask.
+  COMET_CHECK(s.world <= kMaxWorld, "build_device_plan: at most " << kMaxWorld << " ranks, got " << s.world);
+  const size_t layout_smem = LayoutSmem::bytes(s), place_smem = place_smem_bytes(s);
+  COMET_CHECK(layout_smem <= 200 * 1024 && place_smem <= 200 * 1024,
+              "build_device_plan: " << std::max(layout_smem, place_smem) << " bytes of shared memory for W=" << s.world
+                                    << " and E/EP=" << s.experts_per_rank << " is too much");
+  // Implied by the shared-memory bound (68 bytes per local expert), stated for SlotIds.
+  COMET_CHECK(s.experts_per_rank <= kSlotIdCount,
+              "build_device_plan: " << s.experts_per_rank << " experts per rank, at most " << kSlotIdCount);
+  // The layout kernel indexes the chunk counts and the tile lists in 32 bits.
+  COMET_CHECK(int64_t(s.world) * s.chunks * s.experts_per_rank < INT32_MAX &&
+                  s.max_m_tiles * std::max(s.n_blocks0, s.n_blocks1) < INT32_MAX,
+              "build_device_plan: T_max " << s.t_max << " with W=" << s.world << " and E/EP=" << s.experts_per_rank
+                                          << " is too large for the device plan's 32-bit indices");
+  // PlanShape::group_of is exact below this bound (the counting kernel's packed slots also need
+  // local experts below 2^16: kSlotIdCount above).
+  COMET_CHECK(ExpertGroupOf::exact_below(s.num_experts, s.experts_per_rank),
+              "build_device_plan: " << s.num_experts << " experts x " << s.experts_per_rank
+                                    << " per rank is too many (their product must stay below 2^32)");
 }
 
 }  // namespace
@@ -693,31 +721,21 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
     COMET_CHECK(a.layer0_group_m >= 1, "build_device_plan: layer0_group_m " << a.layer0_group_m << " must be >= 1");
     COMET_CHECK(a.layer0_stages >= 0, "build_device_plan: layer0_stages " << a.layer0_stages << " must be >= 0");
   }
-  // The placing kernel keeps a token's EP groups in a 64-bit mask.
-  COMET_CHECK(s.world <= kMaxWorld, "build_device_plan: at most " << kMaxWorld << " ranks, got " << s.world);
-  const size_t count_smem = sizeof(int) * size_t(s.experts_per_rank + s.ep);
-  const size_t layout_smem = LayoutSmem::bytes(s);
-  const size_t place_smem = sizeof(int) * size_t(2 * kChunkWarps + 1) * s.experts_per_rank;
-  COMET_CHECK(layout_smem <= 200 * 1024 && place_smem <= 200 * 1024,
-              "build_device_plan: " << std::max(layout_smem, place_smem) << " bytes of shared memory for W=" << s.world
-                                    << " and E/EP=" << s.experts_per_rank << " is too much");
-  // Implied by the shared-memory bound (68 bytes per local expert), stated for SlotIds.
-  COMET_CHECK(s.experts_per_rank <= kSlotIdCount,
-              "build_device_plan: " << s.experts_per_rank << " experts per rank, at most " << kSlotIdCount);
-  // The layout kernel indexes the chunk counts and the tile lists in 32 bits.
-  COMET_CHECK(int64_t(s.world) * s.chunks * s.experts_per_rank < INT32_MAX &&
-                  s.max_m_tiles * std::max(s.n_blocks0, s.n_blocks1) < INT32_MAX,
-              "build_device_plan: T_max " << s.t_max << " with W=" << s.world << " and E/EP=" << s.experts_per_rank
-                                          << " is too large for the device plan's 32-bit indices");
-  // PlanShape::group_of is exact below this bound (the counting kernel's packed slots also need
-  // local experts below 2^16: kSlotIdCount above).
-  COMET_CHECK(ExpertGroupOf::exact_below(s.num_experts, s.experts_per_rank),
-              "build_device_plan: " << s.num_experts << " experts x " << s.experts_per_rank
-                                    << " per rank is too many (their product must stay below 2^32)");
+  check_plan_shape(s);
+  const size_t count_smem = count_smem_bytes(s), layout_smem = LayoutSmem::bytes(s), place_smem = place_smem_bytes(s);
   if (s.topk <= kFewSlots)
     launch_plan_kernels<kFewSlots>(s, args, count, count_smem, layout_smem, place_smem, stream);
   else
     launch_plan_kernels<kMaxTopk>(s, args, count, count_smem, layout_smem, place_smem, stream);
+}
+
+Status device_plan_can_implement(const LayerConfig& config) {
+  try {
+    for (int width : {128, 256}) check_plan_shape(plan_shape(config, width));  // with DevicePlanLayout's checks
+  } catch (const Error& e) {
+    return Status::failure(e.what());
+  }
+  return Status::success();
 }
 
 void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream) {

@@ -152,6 +152,10 @@ struct DevicePlanArgs {
 // counts; then one block per (source, chunk) places that chunk's tokens and rows, the own chunks
 // their send positions, and all of them the GEMM tile lists (device_plan.cu).
 void build_device_plan(const LayerConfig& config, const DevicePlanArgs& args, CUstream_st* stream);
+// Whether the plan's kernels can run `config` (block_m = kGemmBlockM), and why not: the bounds
+// DevicePlanLayout and build_device_plans check (shared memory for W and E/EP, 32-bit indices,
+// T_max), without allocating or launching.
+Status device_plan_can_implement(const LayerConfig& config);
 // The plans of `count` ranks of one device, several per launch (the ranks' plans are
 // independent: each only reads the published routing).
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream);

@@ -804,7 +804,7 @@ Status MoeLayer::can_implement(const LayerConfig& config) {
   if (c.layout.world > cuda::kMaxWorld)
     return Status::failure("the CUDA backend supports at most " + std::to_string(cuda::kMaxWorld) + " ranks, got " +
                            std::to_string(c.layout.world));
-  return Status::success();
+  return cuda::device_plan_can_implement(c);  // refused here, not at the first forward()
 }
 
 MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {

@@ -141,6 +141,25 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   layer.forward(d.tensors(), nullptr);
   layer.check(nullptr);
   EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+  // A NaN routing weight (rank 1, token 5, its first unmasked slot), and a negative count
+  // reported signed.
+  MoeProblem nan_weight = p;
+  Routing& r1 = nan_weight.routing[1];
+  int slot = 0;
+  while (r1.expert(5, slot) < 0) ++slot;
+  r1.weights[size_t(5) * r1.topk + slot] = std::nanf("");
+  d.assign_inputs(cuda::DeviceProblem(c, nan_weight));
+  layer.forward(d.tensors(), nullptr);
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.check(nullptr); },
+                                       {"bad input from rank 1", "finite routing weight", "nan"}));
+  d.assign_inputs(cuda::DeviceProblem(c, p));
+  d.set_token_count(0, -3);
+  layer.forward(d.tensors(), nullptr);
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.check(nullptr); }, {"bad input from rank 0", "got -3"}));
+  d.set_token_count(0, 64);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
 }
 
 // Misuse the host can see is refused by name before anything is enqueued, and the layer runs
@@ -543,6 +562,14 @@ TEST(MoeLayer, RefusesConfigurationsItCannotRun) {
   c.model.activation = Activation::kSwiGlu;
   c.model.hidden = 100;
   EXPECT_NE(MoeLayer::can_implement(c).reason.find("multiples of 8"), std::string::npos);
+  // The device plan's bounds are checked here too, not at the first forward(): 1024 experts
+  // per rank at W = 64 need more shared memory than its layout kernel has.
+  c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
+  c.model.num_experts = 1024;
+  c.layout = {64, 1, 64};
+  c.model.ffn = 64 * 64;
+  EXPECT_NE(MoeLayer::can_implement(c).reason.find("shared memory"), std::string::npos)
+      << MoeLayer::can_implement(c).reason;
   // Another storage type is refused, not read as bf16.
   for (DType dtype : {DType::kF16, DType::kF32}) {
     c = LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {}, {}, 1}.config();
