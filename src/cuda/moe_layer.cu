@@ -720,24 +720,26 @@ struct MoeLayer::Impl {
                 "MoeLayer: the fabric's heap was reallocated after this layer was built (another layer on the same "
                 "fabric?); use one fabric per layer object");
   }
-  // One stream for every rank: the kernels run on the current device and `stream`, which must
-  // be the ranks' GPU.
-  void check_stream_device(cudaStream_t stream) const {
+  // One stream for every rank: the kernels launch on the current device, which must be the
+  // ranks' GPU. (The stream's own device is not asked: cudaStreamGetDevice is refused while the
+  // stream is being captured; a stream of another GPU fails at the first launch.)
+  void check_current_device() const {
     if (per_rank_streams) return;  // forked to the ranks' own streams from any device
-    int current = 0, on = 0;
+    int current = 0;
     COMET_CUDA_CHECK(cudaGetDevice(&current));
-    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
-      on = current;
-    else
-      COMET_CUDA_CHECK(cudaStreamGetDevice(stream, &on));
-    COMET_CHECK(current == ranks[0].device && on == ranks[0].device,
-                "MoeLayer: the current device is GPU " << current << " and the stream is on GPU " << on
-                                                       << ", the ranks run on GPU " << ranks[0].device);
+    COMET_CHECK(current == ranks[0].device,
+                "MoeLayer: the current device is GPU " << current << ", the ranks run on GPU " << ranks[0].device);
   }
   // Null, misplaced or misaligned tensors fail here, by name, instead of faulting on the device.
   // Pointers equal to the last call's were checked then (a graph replay or a training loop
-  // passes the same ones every step).
-  void check_tensors(const std::vector<RankTensors>& in) {
+  // passes the same ones every step). Where they are is not asked while `stream` is being
+  // captured (the graph's replays run them; a capture should change nothing else), and otherwise
+  // asked with this thread's capture mode relaxed, so that another stream's capture in global
+  // mode does not refuse the query.
+  void check_tensors(const std::vector<RankTensors>& in, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    COMET_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    const bool locate = capture == cudaStreamCaptureStatusNone;
     for (size_t i = 0; i < in.size(); ++i) {
       const RankTensors& t = in[i];
       const int r = fabric.first_local_rank() + int(i);
@@ -751,14 +753,18 @@ struct MoeLayer::Impl {
           {"x", t.x}, {"expert_ids", t.expert_ids}, {"weights", t.weights}, {"num_tokens", t.num_tokens}, {"y", t.y}};
       for (const auto& [name, p] : named) {
         COMET_CHECK(p != nullptr, "MoeLayer: rank " << r << "'s " << name << " is a null pointer");
+        if (!locate) continue;
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        COMET_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
         const std::string why = misplaced_tensor(p, ranks[i].device);
+        COMET_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
         COMET_CHECK(why.empty(), "MoeLayer: rank " << r << "'s " << name << " " << why
                                                     << " (tensors are device memory of the rank's GPU)");
       }
       COMET_CHECK(reinterpret_cast<uintptr_t>(t.y) % 16 == 0,
                   "MoeLayer: rank " << r << "'s y is not 16-byte aligned (the output is stored 16 bytes at a time)");
     }
-    checked_tensors = in;
+    if (locate) checked_tensors = in;
   }
 
   Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(workspace_config(config)), plan_layout(config) {
@@ -1018,8 +1024,8 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
                                                                             << first + local - 1 << " of "
                                                                             << m.config.layout.world << ")");
   m.check_heap();
-  m.check_stream_device(stream);
-  m.check_tensors(in);
+  m.check_current_device();
+  m.check_tensors(in, stream);
   // Trace buffers first: allocating them may throw, and must not once the plans advanced epochs.
   const bool traced = m.fused_path() && m.options.trace;
   if (traced) m.prepare_trace(stream);

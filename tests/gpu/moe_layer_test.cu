@@ -164,7 +164,7 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
 
 // Misuse the host can see is refused by name before anything is enqueued, and the layer runs
 // normally afterwards: tensors that are null, host memory or misaligned, an unbounded timeout,
-// a second layer reallocating the fabric's heap, a stream of another GPU.
+// a second layer reallocating the fabric's heap, a current device other than the ranks' GPU.
 TEST(MoeLayer, MisusedTensorsOptionsAndFabricAreRefusedByName) {
   COMET_REQUIRE_GPU();
   LayerRig rig(LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7});
