@@ -362,6 +362,9 @@ void write_trace_files(const Trace& trace, const std::string& json_path, const T
     std::ofstream out(path);
     COMET_CHECK(out.good(), "trace: cannot write " << path);
     out << text;
+    // Checked after close(): until then the last bytes may still be in the stream's buffer, and
+    // a failure to write them (disk full, a file size limit) would go unnoticed.
+    out.close();
     COMET_CHECK(out.good(), "trace: write to " << path << " failed");
   }
 }

@@ -1,9 +1,13 @@
 // Tuning tables as JSON.
 #include "io/tuning_json.h"
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -37,7 +41,10 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
   } catch (const nlohmann::json::exception& e) {
     throw Error("tuning table " + origin + ": not JSON (" + e.what() + ")");
   }
-  COMET_CHECK(j.is_object() && j.value("format", "") == kTuningFormat,
+  // Types first: j.value("format", "") throws nlohmann's own error, without the file name, when
+  // "format" is there but not a string.
+  COMET_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
+                  j["format"].get<std::string>() == kTuningFormat,
               "tuning table " << origin << ": \"format\" must be \"" << kTuningFormat << "\"");
   COMET_CHECK(j.contains("entries") && j["entries"].is_array(), "tuning table " << origin << ": no \"entries\" array");
   TuningTable table;
@@ -49,24 +56,40 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
       (void)value;
       COMET_CHECK(kEntryKeys.count(key), where << ": unknown key \"" << key << "\"");
     }
-    auto integer = [&](const char* key) {
+    // Every integer of an entry is a count or a size: within [1, max]. Read as 64 bits and
+    // range-checked, since get<int>() wraps 4294967320 to 24 and 2^64 - 1 to -1.
+    auto integer = [&](const char* key, int64_t max = std::numeric_limits<int>::max()) {
       COMET_CHECK(e.contains(key) && e[key].is_number_integer(), where << ": \"" << key << "\" must be an integer");
-      return e[key].get<int>();
+      const nlohmann::json& v = e[key];
+      const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() >= 1 && v.get<uint64_t>() <= uint64_t(max)
+                                                   : v.get<int64_t>() >= 1 && v.get<int64_t>() <= max;
+      COMET_CHECK(in_range, where << ": \"" << key << "\" is " << v.dump() << ", must be within [1, " << max << "]");
+      return int(v.get<int64_t>());
     };
     COMET_CHECK(e.contains("gpu") && e["gpu"].is_string(), where << ": \"gpu\" must be a string");
     TuningEntry entry;
     // "gpus" came later: tables without it were measured with virtual ranks on one GPU.
     const int gpus = e.contains("gpus") ? integer("gpus") : 1;
-    entry.key = {e["gpu"].get<std::string>(), integer("num_sms"), integer("hidden"), integer("ffn"),
-                 integer("experts"), integer("topk"), integer("world"), integer("ep"), integer("tp"),
-                 gpus, integer("tokens_per_rank")};
+    entry.key = {e["gpu"].get<std::string>(), integer("num_sms"), integer("hidden", kMaxModelDim),
+                 integer("ffn", kMaxModelDim), integer("experts"), integer("topk"), integer("world"), integer("ep"),
+                 integer("tp"), gpus, integer("tokens_per_rank")};
+    // A layout that no run can have: the entry was not written by `comet tune`.
+    const TuningKey& k = entry.key;
+    COMET_CHECK(int64_t(k.ep) * k.tp == k.world,
+                where << ": \"world\" is " << k.world << ", must be \"ep\" x \"tp\" = " << k.ep << " x " << k.tp);
+    COMET_CHECK(k.topk <= k.num_experts,
+                where << ": \"topk\" is " << k.topk << ", more than the " << k.num_experts << " \"experts\"");
+    COMET_CHECK(k.num_experts % k.ep == 0,
+                where << ": \"experts\" " << k.num_experts << " is not divisible by \"ep\" " << k.ep);
+    COMET_CHECK(k.ffn % k.tp == 0, where << ": \"ffn\" " << k.ffn << " is not divisible by \"tp\" " << k.tp);
     COMET_CHECK(gpus == 1 || gpus == entry.key.world,
                 where << ": \"gpus\" is " << gpus << ", must be 1 (virtual ranks) or world (" << entry.key.world << ")");
     entry.n_comm0 = integer("n_comm0");
     entry.n_comm1 = integer("n_comm1");
     auto microseconds = [&](const char* key) {  // optional: 0 when absent
       if (!e.contains(key)) return 0.0;
-      COMET_CHECK(e[key].is_number() && e[key].get<double>() >= 0, where << ": \"" << key << "\" must be a number >= 0");
+      COMET_CHECK(e[key].is_number() && e[key].get<double>() >= 0 && std::isfinite(e[key].get<double>()),
+                  where << ": \"" << key << "\" must be a finite number >= 0");
       return e[key].get<double>();
     };
     entry.latency_us = microseconds("latency_us");
@@ -106,10 +129,25 @@ TuningTable load_tuning_table(const std::string& path) {
 }
 
 void save_tuning_table(const TuningTable& table, const std::string& path) {
-  std::ofstream out(path);
-  COMET_CHECK(out.good(), "tuning table " << path << ": cannot be written");
+  // Written beside the target and renamed over it, so that a failed write (disk full, a file
+  // size limit) leaves the old table whole. The stream is checked after close(): before it, the
+  // last bytes are still in its buffer and a failure to write them is not yet known.
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp);
+  COMET_CHECK(out.good(), "tuning table " << path << ": cannot be written (cannot create " << tmp << ")");
   out << tuning_table_json(table);
-  COMET_CHECK(out.good(), "tuning table " << path << ": write failed");
+  out.close();
+  std::error_code ec;
+  if (!out) {
+    std::filesystem::remove(tmp, ec);
+    throw Error("tuning table " + path + ": write failed (disk full or a file size limit?); the old file is unchanged");
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    std::filesystem::remove(tmp, ec);
+    throw Error("tuning table " + path + ": cannot replace it (" + why + ")");
+  }
 }
 
 }  // namespace comet::io

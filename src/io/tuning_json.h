@@ -24,9 +24,12 @@ namespace comet::io {
 inline constexpr const char* kTuningFormat = "comet-tuning-1";
 
 std::string tuning_table_json(const TuningTable& table);
-// Throws comet::Error naming the file (or "<text>") and the bad field.
+// Throws comet::Error naming the file (or "<text>"), the entry and the bad field: a wrong
+// type, an integer outside [1, INT_MAX] (H and F: [1, kMaxModelDim]), a layout no run has
+// (world != ep x tp, topk > experts, E % EP, F % TP), a time that is negative or not finite.
 TuningTable parse_tuning_table(const std::string& text, const std::string& origin = "<text>");
 TuningTable load_tuning_table(const std::string& path);
+// Writes `path`.tmp and renames it over `path`: a failed write leaves the old table whole.
 void save_tuning_table(const TuningTable& table, const std::string& path);
 
 }  // namespace comet::io

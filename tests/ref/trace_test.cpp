@@ -3,6 +3,10 @@
 // Chrome trace is JSON with every event, the SVG draws, merges or culls every event.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -104,6 +108,37 @@ TEST(Trace, WriteTraceFilesWritesJsonAndSvg) {
   ss << svg.rdbuf();
   EXPECT_NE(ss.str().find("</svg>"), std::string::npos);
   EXPECT_THROW(io::write_trace_files(t, "/nonexistent/dir/t.json"), Error);
+}
+
+// A trace that cannot be written completely (here a file size limit, as a full disk) is reported,
+// even when it is small enough to sit in the stream's buffer until the file is closed.
+TEST(Trace, WriteTraceFilesReportsAFailedWrite) {
+  Trace t;
+  t.title = "t";
+  t.world = t.comm_lanes = t.compute_lanes = 1;
+  t.events = {make_trace_event(0, 0, 0, TraceKind::kCommChunk, 0, 0, 10)};
+  const std::string path = ::testing::TempDir() + "comet_trace_limit_test.json";
+  auto* const old_handler = std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails, EFBIG
+  rlimit saved{};
+  getrlimit(RLIMIT_FSIZE, &saved);
+  rlimit limit = saved;
+  limit.rlim_cur = 16;
+  setrlimit(RLIMIT_FSIZE, &limit);
+  std::string message;
+  const bool threw = [&] {
+    try {
+      io::write_trace_files(t, path);
+    } catch (const Error& e) {
+      message = e.what();
+      return true;
+    }
+    return false;
+  }();
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(threw);
+  EXPECT_NE(message.find("write to " + path + " failed"), std::string::npos) << message;
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -2,7 +2,12 @@
 // limit, ties), the analytic n_comm fallback, the forward path choice, and the JSON format.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <csignal>
+#include <filesystem>
 
 #include "comet/tuning.h"
 #include "io/tuning_json.h"
@@ -138,6 +143,78 @@ TEST(TuningJson, RoundTripAndClearErrors) {
                                  {"format"}));
   EXPECT_TRUE(edit_is_refused(io::tuning_table_json(t), "\"n_comm0\"", "\"n_comm_0\"", {"n_comm_0"}));
   EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/nonexistent/t.json"); }, {"cannot be read"}));
+}
+
+// Types and ranges are checked before a value is used, each refusal naming the file, the entry
+// and the key: a "format" that is not a string, integers that an int would wrap (4294967320 was
+// read as 24, 2^64 - 1 as -1), sizes that are not positive, and layouts that no run can have.
+TEST(TuningJson, RefusesWrongTypesWrappedIntegersAndImpossibleEntries) {
+  EXPECT_TRUE(throws_with<Error>([] { io::parse_tuning_table(R"({"format":5,"entries":[]})", "x.json"); },
+                                 {"x.json", "\"format\" must be"}));
+  const std::string text = io::tuning_table_json(table_with({{4096, 20, 21}}));
+  EXPECT_TRUE(edit_is_refused(text, "\"n_comm0\": 20", "\"n_comm0\": 4294967320", {"\"n_comm0\" is 4294967320"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"tokens_per_rank\": 4096", "\"tokens_per_rank\": 18446744073709551615",
+                              {"\"tokens_per_rank\" is 18446744073709551615"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"tokens_per_rank\": 4096", "\"tokens_per_rank\": 4096.0",
+                              {"\"tokens_per_rank\" must be an integer"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"num_sms\": 132", "\"num_sms\": -5", {"\"num_sms\" is -5"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"hidden\": 4096", "\"hidden\": 0", {"\"hidden\" is 0"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"hidden\": 4096", "\"hidden\": 2097152", {"\"hidden\" is 2097152"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"ep\": 8", "\"ep\": 0", {"\"ep\" is 0"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"world\": 8", "\"world\": 3", {"\"world\" is 3", "8 x 1"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"topk\": 2", "\"topk\": 9", {"\"topk\" is 9"}));
+  // W = EP x TP, but EP 3 does not divide 8 experts, TP 3 does not divide F 14336.
+  const auto with_world = [&](int world) {
+    std::string edited = text;
+    edited.replace(edited.find("\"world\": 8"), std::string("\"world\": 8").size(),
+                   "\"world\": " + std::to_string(world));
+    return edited;
+  };
+  EXPECT_TRUE(edit_is_refused(with_world(3), "\"ep\": 8", "\"ep\": 3", {"\"experts\" 8", "\"ep\" 3"}));
+  EXPECT_TRUE(edit_is_refused(with_world(24), "\"tp\": 1", "\"tp\": 3", {"\"ffn\" 14336", "\"tp\" 3"}));
+}
+
+// While alive, files this process writes are limited to `bytes` and SIGXFSZ is ignored: a write
+// past the limit fails (EFBIG), as on a full disk, instead of killing the test.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) : old_handler_(std::signal(SIGXFSZ, SIG_IGN)) {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    rlimit limit = saved_;
+    limit.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  void (*old_handler_)(int);
+  rlimit saved_{};
+};
+
+// A table that cannot be written completely is reported, and the old file stays whole (the
+// stream was checked before its buffer reached the disk, after truncating the old table).
+TEST(TuningJson, SaveReportsAFailedWriteAndKeepsTheOldTable) {
+  const std::string path = ::testing::TempDir() + "comet_tuning_save_" + std::to_string(::getpid()) + ".json";
+  io::save_tuning_table(table_with({{1024, 10, 11}}), path);
+  const TuningTable bigger = table_with({{1024, 10, 11}, {4096, 20, 21}, {16384, 30, 31}});
+  {
+    const FileSizeLimit limit(64);  // far less than one entry
+    EXPECT_TRUE(throws_with<Error>([&] { io::save_tuning_table(bigger, path); }, {path, "write failed"}));
+  }
+  EXPECT_EQ(io::load_tuning_table(path).entries().size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  io::save_tuning_table(bigger, path);
+  EXPECT_EQ(io::load_tuning_table(path).entries().size(), 3u);
+  std::filesystem::remove(path);
+  // A directory where the table should go cannot be replaced: refused, nothing left behind.
+  const std::string dir = path + ".d";
+  std::filesystem::create_directory(dir);
+  EXPECT_TRUE(throws_with<Error>([&] { io::save_tuning_table(bigger, dir); }, {dir, "cannot replace"}));
+  EXPECT_FALSE(std::filesystem::exists(dir + ".tmp"));
+  std::filesystem::remove(dir);
 }
 
 // "gpus" is written and read back; a table without it (written before it existed) means one
