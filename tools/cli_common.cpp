@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -76,6 +77,19 @@ std::string user_message(const std::string& what) {
   return one_line(msg);
 }
 
+CLI::Validator number_range(double min, double max) {
+  const std::string range = fmt_double(min) + " to " + fmt_double(max);
+  return CLI::Validator(
+      [min, max, range](std::string& input) {
+        char* end = nullptr;
+        const double v = std::strtod(input.c_str(), &end);
+        if (input.empty() || *end != '\0' || !(v >= min && v <= max))
+          return "Value " + input + " not in range " + range;
+        return std::string();
+      },
+      "NUMBER in [" + range + "]");
+}
+
 void add_fabric_option(CLI::App& app, std::string& fabric) {
   app.add_option("--fabric", fabric,
                  "loopback (W virtual ranks on one GPU), local (one GPU per rank) or nccl (one process per rank, "
@@ -134,6 +148,9 @@ std::vector<std::optional<DispatchOrder>> dispatch_orders_list(const std::vector
 
 void check_output_path(const std::string& path, const std::string& option) {
   if (path.empty()) return;
+  // A directory cannot be opened as a file: refused now rather than when the run writes.
+  if (std::filesystem::is_directory(path))
+    throw UsageError(option + ": \"" + path + "\" is a directory, not a file");
   const auto dir = std::filesystem::path(path).parent_path();
   if (!dir.empty() && !std::filesystem::is_directory(dir))
     throw UsageError(option + ": directory \"" + dir.string() + "\" does not exist");
@@ -290,6 +307,12 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
   }
   c.max_tokens_per_rank = *std::max_element(w.tokens_per_rank.begin(), w.tokens_per_rank.end());
   if (c.max_tokens_per_rank < 1) throw UsageError("--tokens: at least one rank needs a token");
+  const int64_t slots = int64_t(world) * c.max_tokens_per_rank * m.topk;
+  if (slots > kMaxRoutingSlots)
+    throw UsageError("W " + std::to_string(world) + " x " + std::to_string(c.max_tokens_per_rank) +
+                     " tokens per rank x topk " + std::to_string(m.topk) + " = " + std::to_string(slots) +
+                     " routing slots, more than the " + std::to_string(kMaxRoutingSlots) +
+                     " this tool plans for (fewer --tokens, ranks or --topk)");
 
   // Routing.
   w.routing = parse_routing_option(o.routing);

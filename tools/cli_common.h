@@ -24,10 +24,19 @@
 
 namespace comet::tools {
 
-// Exit codes of every subcommand (documented in docs/cli.md).
+// The largest workloads the CLI accepts (UsageError beyond them).
 inline constexpr int kMaxTokensPerRank = 65536;
 inline constexpr int kMaxRanks = 64;
+// Routing slots of a workload, W x tokens per rank x topk: the full-size plan holds all of them,
+// and the two caps above still allow 64 x 65536 x topk (topk 64: 2^28 slots, over 10 GB). At
+// this cap a plan takes about 2 GB; the documented workloads have at most 2^18 slots.
+inline constexpr int64_t kMaxRoutingSlots = int64_t(1) << 24;
 
+// --n-comm0/--n-comm1 (bench layer, tune): more than any GPU's SMs (H200: 132); MoeLayer then
+// refuses what the GPU at hand cannot run.
+inline constexpr int kMaxCommBlocks = 1024;
+
+// Exit codes of every subcommand (documented in docs/cli.md).
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitVerifyFailed = 1;  // ran, but the output does not match the oracle
 inline constexpr int kExitUsage = 2;         // bad option, impossible configuration
@@ -40,13 +49,19 @@ class UsageError : public std::runtime_error {
 };
 
 // comet::Error messages from COMET_CHECK end in " (check `cond` failed at file:line)"; that
-// helps a developer, but a user who typed a wrong option needs only the reason.
+// helps a developer, but a user (of a wrong option or of a run that failed) needs only the reason.
 std::string user_message(const std::string& what);
 // Newlines folded into "; " so that an error is always exactly one line.
 std::string one_line(const std::string& text);
-// An output file option (`option` FILE): its directory must exist, so that a typo fails before
-// the run, not after it. An empty path is no file.
+// An output file option (`option` FILE): its directory must exist and it must not be a
+// directory, so that a typo fails before the run, not after it. An empty path is no file.
 void check_output_path(const std::string& path, const std::string& option);
+
+// A check that a number option is within [min, max]. CLI::Range(double, double) prints its
+// bounds with std::to_string ("0.000000"), and CLI::NonNegativeNumber's upper bound is DBL_MAX
+// in 309 digits; this prints them as %g ("--warmup-ms: Value -1 not in range 0 to 60000").
+// Integer options take CLI::Range(int, int), which prints integers as they are.
+CLI::Validator number_range(double min, double max);
 
 // --fabric loopback|local|nccl for the GPU commands that measure (bench layer, tune); with nccl,
 // one process per rank under `comet launch`, and rank 0 speaks for the run.

@@ -32,9 +32,12 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   CLI::App* g = bench->add_subcommand("gemm", "grouped expert GEMMs (GEMM0+SwiGLU, GEMM1) vs cuBLAS");
   g->add_option("--models", o.models, "presets, comma separated (default: all)")->delimiter(',');
   g->add_option("--tokens", o.tokens, "tokens per rank, comma separated")->delimiter(',');
-  g->add_option("--ep", o.ep, "expert-parallel ranks (shapes of rank 0)")->check(CLI::PositiveNumber);
+  // Only shapes: every divisor of a preset's experts is a valid EP, up to one expert per rank.
+  int max_experts = 1;
+  for (const ModelShape& m : ModelPresets::all()) max_experts = std::max(max_experts, m.num_experts);
+  g->add_option("--ep", o.ep, "expert-parallel ranks (shapes of rank 0)")->check(CLI::Range(1, max_experts));
   g->add_option("--iters", o.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
-  g->add_option("--warmup-ms", o.warmup_ms, "warm-up before timing each workload")->check(CLI::NonNegativeNumber);
+  g->add_option("--warmup-ms", o.warmup_ms, "warm-up before timing each workload")->check(number_range(0, 60000));
   g->add_option("--seed", o.seed, "routing seed");
   g->add_flag("--json", o.json, "JSON instead of the table");
   *gemm = g;
@@ -42,24 +45,25 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       "layer", "the MoE layer: fused, unfused, compute-only, comm-only, sequential and chunked baselines");
   l->add_option("--models", lo.models, "presets, comma separated (default: all)")->delimiter(',');
   l->add_option("--tokens", lo.tokens, "tokens per rank, comma separated")->delimiter(',');
-  l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
-  l->add_option("--tp", lo.tp, "tensor-parallel ranks")->check(CLI::PositiveNumber);
+  l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::Range(1, kMaxRanks));
+  l->add_option("--tp", lo.tp, "tensor-parallel ranks")->check(CLI::Range(1, kMaxRanks));
   l->add_option("--layouts", lo.layouts, "(EP, TP) layouts swept instead of --ep/--tp, comma separated EPxTP (8x1,4x2,...)")
       ->delimiter(',');
   l->add_option("--routing", lo.routings,
                 "routing generators swept, comma separated: uniform, zipf:S, imbalance:STD (default uniform)")
       ->delimiter(',');
   l->add_option("--n-comm0", lo.n_comm0, "layer0 communication blocks, comma separated list swept (0: tuning table or cost model)")
-      ->delimiter(',')->check(CLI::NonNegativeNumber);
+      ->delimiter(',')->check(CLI::Range(0, kMaxCommBlocks));
   l->add_option("--n-comm1", lo.n_comm1, "layer1 communication blocks, comma separated list swept (0: tuning table or cost model)")
-      ->delimiter(',')->check(CLI::NonNegativeNumber);
+      ->delimiter(',')->check(CLI::Range(0, kMaxCommBlocks));
+  // 65536 bounds a typo, not the kernels: a group taller than a rank's M tiles is all of them.
   l->add_option("--group-m0", lo.layer0_group_m, "layer0 raster group heights in M tiles, comma separated list swept (0: default)")
-      ->delimiter(',')->check(CLI::NonNegativeNumber);
+      ->delimiter(',')->check(CLI::Range(0, 1 << 16));
   l->add_option("--stages0", lo.layer0_stages,
                 "stages of the fused layer0 tile order, comma separated list swept (0: default; docs/gpu_layer.md)")
       ->delimiter(',')->check(CLI::Range(0, 64));
   l->add_option("--iters", lo.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
-  l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(CLI::NonNegativeNumber);
+  l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(number_range(0, 60000));
   l->add_option("--seed", lo.seed, "weights, tokens and routing seed");
   l->add_option("--tuning", lo.tuning_file, "tuning table (comet tune) that n_comm 0 looks up")->check(CLI::ExistingFile);
   l->add_option("--chunks", lo.chunks, "chunk counts of the chunked baseline, comma separated (the fastest is reported)")
@@ -86,7 +90,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   l->add_flag("--json", lo.json, "JSON instead of the table");
   l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg");
   l->add_option("--trace-ranks", lo.trace_ranks, "ranks drawn in the SVG, comma separated (default 0; the JSON has all)")
-      ->delimiter(',')->check(CLI::NonNegativeNumber);
+      ->delimiter(',')->check(CLI::Range(0, kMaxRanks - 1));
   *layer = l;
   return bench;
 }

@@ -276,7 +276,9 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   } else {
     j["saved"] = nullptr;
   }
-  std::cout << j.dump(2) << "\n";
+  // The paths are bytes as the user typed them, not always UTF-8: replaced (U+FFFD), not refused
+  // after the run.
+  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 }  // namespace

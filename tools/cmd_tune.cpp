@@ -29,10 +29,10 @@ CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
       "tune", "sweep n_comm, the layer0 mode and the layer1 combine of the fused kernels, time the unfused forward beside them, write a tuning table (needs a GPU)");
   t->add_option("--models", o.models, "presets, comma separated (default: all)")->delimiter(',');
   t->add_option("--tokens", o.tokens, "tokens per rank, comma separated")->delimiter(',');
-  t->add_option("--ep", o.ep, "expert-parallel ranks")->check(CLI::PositiveNumber);
-  t->add_option("--tp", o.tp, "tensor-parallel ranks")->check(CLI::PositiveNumber);
-  t->add_option("--n-comm0", o.n_comm0, "layer0 candidates, comma separated")->delimiter(',')->check(CLI::PositiveNumber);
-  t->add_option("--n-comm1", o.n_comm1, "layer1 candidates, comma separated")->delimiter(',')->check(CLI::PositiveNumber);
+  t->add_option("--ep", o.ep, "expert-parallel ranks")->check(CLI::Range(1, kMaxRanks));
+  t->add_option("--tp", o.tp, "tensor-parallel ranks")->check(CLI::Range(1, kMaxRanks));
+  t->add_option("--n-comm0", o.n_comm0, "layer0 candidates, comma separated")->delimiter(',')->check(CLI::Range(1, kMaxCommBlocks));
+  t->add_option("--n-comm1", o.n_comm1, "layer1 candidates, comma separated")->delimiter(',')->check(CLI::Range(1, kMaxCommBlocks));
   add_layer0_mode_options(*t, o.layer0_copies, o.dispatch_orders);
   add_layer1_combine_option(*t, o.layer1_combine);
   t->add_option("--iters", o.iters, "timed iterations per candidate (median)")->check(CLI::Range(1, 100000));
@@ -44,14 +44,14 @@ CLI::App* add_tune_command(CLI::App& app, TuneOptions& o) {
 }
 
 int tune_command(const TuneOptions& o) {
-  const std::filesystem::path out(o.out);
-  if (out.has_parent_path() && !std::filesystem::is_directory(out.parent_path()))
-    throw UsageError("--out: directory " + out.parent_path().string() + " does not exist");
+  // --out is required, so an empty path is a mistake (check_output_path lets it through as "no file").
+  if (o.out.empty()) throw UsageError("--out: the path of the tuning table is empty");
+  check_output_path(o.out, "--out");
   check_bench_inputs(o.models, o.tokens, "comet tune");
 #ifdef COMET_HAVE_CUDA
   const cuda::DeviceInfo info = cuda::query_device_info();
   TuningTable table;
-  if (std::filesystem::exists(out)) table = io::load_tuning_table(o.out);
+  if (std::filesystem::exists(o.out)) table = io::load_tuning_table(o.out);
 
   bench::LayerBenchOptions lo;
   lo.models = o.models;

@@ -76,9 +76,9 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     return fail(kExitUsage, e.what());
   } catch (const comet::TimeoutError& e) {
-    return fail(kExitRuntime, std::string("protocol timeout: ") + e.what());
+    return fail(kExitRuntime, std::string("protocol timeout: ") + user_message(e.what()));
   } catch (const comet::Error& e) {
-    return fail(kExitRuntime, e.what());
+    return fail(kExitRuntime, user_message(e.what()));
   } catch (const std::exception& e) {
     return fail(kExitRuntime, std::string("unexpected failure: ") + e.what());
   }

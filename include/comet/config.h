@@ -79,6 +79,9 @@ struct TileConfig {
   int block_n1 = 128; // layer1 columns of H per tile (one column block = one combine signal)
 };
 
+// The largest hidden size H and FFN size F that LayerConfig::validate() accepts.
+inline constexpr int kMaxModelDim = 1 << 20;
+
 struct LayerConfig {
   ModelShape model;
   ParallelLayout layout;
@@ -98,7 +101,7 @@ struct LayerConfig {
   int64_t max_m_tiles_per_rank() const;
 
   // Why this configuration cannot run, or ok. Checks W = EP*TP, E % EP, F % TP, topk range,
-  // positive sizes and tile shapes.
+  // positive sizes, H and F at most kMaxModelDim, and tile shapes.
   Status validate() const;
   // validate(), throwing comet::Error with the reason.
   void check() const;

@@ -84,6 +84,12 @@ Status LayerConfig::validate() const {
     return fail("model '" + m.name + "' needs positive hidden, ffn and num_experts (got H=" +
                 std::to_string(m.hidden) + ", F=" + std::to_string(m.ffn) +
                 ", E=" + std::to_string(m.num_experts) + ")");
+  // Real layers are far below this (deepseek-v3: H 7168; mixtral: F 14336). Beyond it the int32
+  // sums H + block_n1 - 1 and F/TP + block_n0 - 1 and the int64 weights of an expert, 3 H F,
+  // overflow instead of failing.
+  if (m.hidden > kMaxModelDim || m.ffn > kMaxModelDim)
+    return fail("model '" + m.name + "' needs hidden and ffn of at most " + std::to_string(kMaxModelDim) +
+                " (got H=" + std::to_string(m.hidden) + ", F=" + std::to_string(m.ffn) + ")");
   if (m.padding_experts < 0 || m.padding_experts >= m.num_experts)
     return fail("padding experts must be in [0, E=" + std::to_string(m.num_experts) + "), got " +
                 std::to_string(m.padding_experts));

@@ -149,6 +149,8 @@ std::vector<InvalidCase> invalid_cases() {
       {"hidden < 0", [](LayerConfig& c) { c.model.hidden = -64; }},
       {"ffn = 0", [](LayerConfig& c) { c.model.ffn = 0; }},
       {"ffn < 0", [](LayerConfig& c) { c.model.ffn = -128; }},
+      {"hidden > kMaxModelDim", [](LayerConfig& c) { c.model.hidden = kMaxModelDim + 8; }},
+      {"ffn > kMaxModelDim", [](LayerConfig& c) { c.model.ffn = kMaxModelDim + 8; }},
       {"num_experts = 0", [](LayerConfig& c) { c.model.num_experts = 0; c.model.topk = 0; }},
       {"num_experts < 0", [](LayerConfig& c) { c.model.num_experts = -8; }},
       {"world = 0", [](LayerConfig& c) { c.layout = {0, 0, 0}; }},
@@ -319,6 +321,22 @@ TEST(LayerConfig, RefusesTilesAndRowCountsBeyondInt32) {
   EXPECT_FALSE(c.validate().ok);
   EXPECT_NE(c.validate().reason.find("2^31"), std::string::npos) << c.validate().reason;
   EXPECT_THROW(c.check(), Error);
+}
+
+// H and F up to kMaxModelDim validate; beyond it (where int32 sums such as H + block_n1 - 1
+// overflowed into negative sizes) they are refused, naming the value.
+TEST(LayerConfig, RefusesHiddenAndFfnBeyondTheBound) {
+  LayerConfig c = small_config();
+  c.model.hidden = kMaxModelDim;
+  c.model.ffn = kMaxModelDim;
+  EXPECT_TRUE(c.validate().ok) << c.validate().reason;
+  c.model.hidden = 2147483640;
+  EXPECT_FALSE(c.validate().ok);
+  EXPECT_TRUE(contains(c.validate().reason, "H=2147483640"));
+  EXPECT_TRUE(contains(c.validate().reason, std::to_string(kMaxModelDim)));
+  c = small_config();
+  c.model.ffn = 2147483640;
+  EXPECT_TRUE(throws_with<Error>([&] { c.check(); }, {"F=2147483640", std::to_string(kMaxModelDim)}));
 }
 
 }  // namespace
