@@ -41,6 +41,32 @@ int64_t product(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// The bytes of a tensor of `shape`, or -1 when they do not fit in int64: a product that wraps
+// (2^62 F32 elements are 2^64 bytes, 0 mod 2^64) would match an empty byte range. Dimensions
+// are non-negative (checked before).
+int64_t checked_bytes(const std::vector<int64_t>& shape, int dtype_bytes) {
+  int64_t n = dtype_bytes;
+  for (int64_t d : shape) {
+    if (d != 0 && n > INT64_MAX / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+// A JSON array of non-negative integers, as int64. get<std::vector<int64_t>>() would truncate
+// 2.5 to 2 and wrap 2^64 - 1 to -1.
+std::vector<int64_t> non_negative_integers(const nlohmann::json& v, const std::string& what) {
+  if (!v.is_array()) throw Error(what + " is not an array");
+  std::vector<int64_t> out;
+  for (const nlohmann::json& x : v) {
+    const bool ok = x.is_number_unsigned() ? x.get<uint64_t>() <= uint64_t(INT64_MAX)
+                                           : x.is_number_integer() && x.get<int64_t>() >= 0;
+    if (!ok) throw Error(what + " holds " + x.dump() + ", not a non-negative integer");
+    out.push_back(x.get<int64_t>());
+  }
+  return out;
+}
+
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::ostringstream os;
   os << "[";
@@ -78,7 +104,9 @@ void SafetensorsWriter::add(const std::string& name, StDType dtype, std::vector<
   for (const auto& t : tensors_)
     COMET_CHECK(t.name != name, "safetensors: tensor \"" << name << "\" added twice");
   for (int64_t d : shape) COMET_CHECK(d >= 0, "safetensors: negative dimension in " << name);
-  const int64_t expected = product(shape) * st_dtype_bytes(dtype);
+  const int64_t expected = checked_bytes(shape, st_dtype_bytes(dtype));
+  COMET_CHECK(expected >= 0, "safetensors: tensor " << name << " " << st_dtype_name(dtype) << shape_text(shape)
+                                                   << " has more than 2^63 - 1 bytes");
   COMET_CHECK(expected == int64_t(num_bytes),
               "safetensors: tensor " << name << " " << st_dtype_name(dtype) << shape_text(shape)
                                      << " needs " << expected << " bytes, got " << num_bytes);
@@ -210,18 +238,18 @@ SafetensorsFile read_safetensors(const std::string& path) {
       StTensor t;
       t.name = name;
       t.dtype = parse_st_dtype(entry.at("dtype").get<std::string>());
-      t.shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
+      t.shape = non_negative_integers(entry.at("shape"), "shape");
+      const std::vector<int64_t> offsets = non_negative_integers(entry.at("data_offsets"), "data_offsets");
+      if (offsets.size() != 2 || offsets[0] > offsets[1] || uint64_t(offsets[1]) > data_size)
         throw Error("data_offsets out of the data section");
-      for (int64_t d : t.shape)
-        if (d < 0) throw Error("negative dimension");
-      const uint64_t want = uint64_t(t.num_elements()) * st_dtype_bytes(t.dtype);
+      const int64_t want = checked_bytes(t.shape, st_dtype_bytes(t.dtype));
+      if (want < 0)
+        throw Error("shape " + shape_text(t.shape) + " of " + st_dtype_name(t.dtype) + " has more than 2^63 - 1 bytes");
       if (offsets[1] - offsets[0] != want)
         throw Error("shape " + shape_text(t.shape) + " needs " + std::to_string(want) +
                     " bytes but data_offsets span " + std::to_string(offsets[1] - offsets[0]));
       t.data.assign(data + offsets[0], data + offsets[1]);
-      ranges.push_back({offsets[0], offsets[1], file.tensors.size()});
+      ranges.push_back({uint64_t(offsets[0]), uint64_t(offsets[1]), file.tensors.size()});
       file.tensors.push_back(std::move(t));
     } catch (const nlohmann::json::exception& e) {
       throw Error(where + "tensor \"" + name + "\": " + e.what());

@@ -129,6 +129,8 @@ TEST(Safetensors, WriterRejectsBadTensors) {
   EXPECT_THROW(w.add_f32("__metadata__", {6}, v), Error);
   EXPECT_THROW(w.add_u16("y", StDType::kF32, {1}, {1}), Error);
   EXPECT_THROW(w.write("/nonexistent-dir/x.safetensors"), Error);
+  // 2^62 F32 elements are 2^64 bytes, which wrapped to the 0 bytes given.
+  EXPECT_THROW(w.add("huge", StDType::kF32, {int64_t(1) << 62}, nullptr, 0), Error);
 }
 
 TEST(Safetensors, ReaderRejectsMalformedFiles) {
@@ -177,6 +179,38 @@ TEST(Safetensors, ReaderChecksLayout) {
   bytes[0] = 0xff;
   write_bytes(path, bytes);
   EXPECT_THROW(read_safetensors(path), Error);
+  std::filesystem::remove(path);
+}
+
+// Dimensions and offsets are non-negative JSON integers, and a shape's byte count must fit in
+// 64 bits: a wrapped product (2^62 x 4 bytes = 2^64, "0") once matched an empty byte range, and
+// 2.5 was read as 2. Each refusal names the tensor.
+TEST(Safetensors, ReaderRejectsOverflowingAndNonIntegerShapes) {
+  const std::string path = temp_path("shapes.safetensors");
+  auto message = [&](const std::string& header, size_t data) -> std::string {
+    write_bytes(path, make_file(header, data));
+    try {
+      read_safetensors(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(message(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8), "accepted");
+  EXPECT_EQ(message(R"({"a":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})", 0), "accepted");
+  const std::string wraps = message(R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0);
+  EXPECT_NE(wraps.find("tensor \"a\": shape [4611686018427387904] of F32 has more than 2^63 - 1 bytes"),
+            std::string::npos) << wraps;
+  const std::string square = message(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0);
+  EXPECT_NE(square.find("more than 2^63 - 1 bytes"), std::string::npos) << square;
+  const std::string fraction = message(R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(fraction.find("shape holds 2.5, not a non-negative integer"), std::string::npos) << fraction;
+  const std::string negative = message(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(negative.find("shape holds -2"), std::string::npos) << negative;
+  const std::string too_big = message(R"({"a":{"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(too_big.find("shape holds 18446744073709551615"), std::string::npos) << too_big;
+  const std::string offset = message(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8.0]}})", 8);
+  EXPECT_NE(offset.find("data_offsets holds 8.0"), std::string::npos) << offset;
   std::filesystem::remove(path);
 }
 

@@ -356,8 +356,9 @@ void TypedImpl<T>::run_rank(int r, const std::vector<float>& x, const Routing& r
 
   // Step 1: publish tokens and routing where peers can read them.
   for (size_t i = 0; i < x.size(); ++i) v.x[i] = T::from_float(x[i]);
-  std::memcpy(v.route_ids, routing.expert_ids.data(), routing.expert_ids.size() * sizeof(int32_t));
-  std::memcpy(v.route_weights, routing.weights.data(), routing.weights.size() * sizeof(float));
+  // std::copy, not memcpy: a rank with 0 tokens has empty vectors whose data() may be null.
+  std::copy(routing.expert_ids.begin(), routing.expert_ids.end(), v.route_ids);
+  std::copy(routing.weights.begin(), routing.weights.end(), v.route_weights);
   *v.token_count = routing.num_tokens;
   barrier(r, ctx, "routing exchange");
 
