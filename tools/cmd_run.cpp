@@ -295,15 +295,15 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->group("Backend");
   cmd->add_flag("--fused", o.fused, "cuda: run the fused Comet kernels instead of the unfused pipeline")
       ->group("Backend");
-  cmd->add_option("--comm-workers", o.comm_workers, "cpu: communication workers per rank")
-      ->capture_default_str()
-      ->group("Backend");
-  cmd->add_option("--compute-workers", o.compute_workers, "cpu: GEMM workers per rank")
-      ->capture_default_str()
-      ->group("Backend");
-  cmd->add_option("--chunk-tokens", o.chunk_tokens, "tokens per communication chunk")
-      ->capture_default_str()
-      ->group("Backend");
+  o.cpu_only = {cmd->add_option("--comm-workers", o.comm_workers, "cpu: communication workers per rank")
+                    ->capture_default_str()
+                    ->group("Backend"),
+                cmd->add_option("--compute-workers", o.compute_workers, "cpu: GEMM workers per rank")
+                    ->capture_default_str()
+                    ->group("Backend"),
+                cmd->add_option("--chunk-tokens", o.chunk_tokens, "cpu: tokens per communication chunk")
+                    ->capture_default_str()
+                    ->group("Backend")};
   cmd->add_option("--stages0", o.layer0_stages,
                   "stages of the layer0 tile order: cpu, 0 = one per ring position; cuda --fused, 0 = one per 4 "
                   "sources (docs/gpu_layer.md)")
@@ -351,6 +351,15 @@ int run_command(const RunOptions& o) {
   if ((o.fabric != "loopback" || o.fused) && r.backend != "cuda")
     throw UsageError(std::string(o.fused ? "--fused" : "--fabric " + o.fabric) +
                      " runs on the CUDA backend only; use --backend cuda on a machine with a GPU");
+  // The CUDA backend has its own tiles, chunks and blocks: options it would ignore are refused.
+  if (r.backend == "cuda") {
+    std::vector<CLI::Option*> ignored = o.cpu_only;
+    ignored.insert(ignored.end(), o.workload.tile_opts.begin(), o.workload.tile_opts.end());
+    for (const CLI::Option* opt : ignored)
+      if (opt && opt->count())
+        throw UsageError(opt->get_name() + " applies to the cpu backend; this run uses cuda (" +
+                         (o.backend == "cuda" ? "leave it out" : "--backend cpu, or leave it out") + ")");
+  }
   if (o.comm_workers < 1 || o.comm_workers > 64)
     throw UsageError("--comm-workers must be within [1, 64], not " + std::to_string(o.comm_workers));
   if (o.compute_workers < 1 || o.compute_workers > 64)
@@ -358,8 +367,8 @@ int run_command(const RunOptions& o) {
                      std::to_string(o.compute_workers));
   if (o.chunk_tokens < 1)
     throw UsageError("--chunk-tokens must be positive, not " + std::to_string(o.chunk_tokens));
-  if (o.timeout_ms < 1)
-    throw UsageError("--timeout-ms must be positive, not " + std::to_string(o.timeout_ms));
+  if (o.timeout_ms < 1 || o.timeout_ms > 1'000'000'000)
+    throw UsageError("--timeout-ms must be within [1, 1000000000], not " + std::to_string(o.timeout_ms));
   r.link = parse_emulate_link_option(o.emulate_link);
   if (r.link.on() && o.fabric != "loopback")
     throw UsageError("--emulate-link stands for a node of GPUs on one GPU (loopback fabric); with --fabric " + o.fabric +
@@ -454,13 +463,15 @@ int run_command(const RunOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
 #ifdef COMET_HAVE_CUDA
   if (r.backend == "cuda") {
-    GpuRun g = run_on_gpu(r.config, problem, {o.fabric, o.fused, ro.trace, r.link, o.layer0_stages});  // MoeLayer takes its own tile shapes
+    GpuRun g = run_on_gpu(r.config, problem,
+                          {o.fabric, o.fused, ro.trace, r.link, o.layer0_stages, o.timeout_ms / 1e3});  // MoeLayer takes its own tile shapes
     r.y = std::move(g.y);
     r.forward_us = g.forward_us;
     r.device = g.device;
     r.fabric = g.fabric;
     r.devices = g.devices;
     r.first_rank = g.first_rank;
+    r.full.config.tiles = r.config.tiles = g.tiles;  // reported as run, not the CPU backend's
     if (ro.trace) {
       g.trace.title = "comet run: " + config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed) +
                       " (fused kernels on " + g.device + ", scaled for the oracle)";

@@ -36,6 +36,9 @@ struct RunOptions {
   std::string trace;  // Chrome trace JSON path; an SVG timeline is written beside it
   std::string emulate_link;  // cuda backend: GBPS[,LATENCY_US] (comet/link_emulation.h); empty: off
   bool json = false;
+  // Options only the CPU backend uses (--comm-workers, --compute-workers, --chunk-tokens): a run
+  // on the CUDA backend refuses them when given rather than ignoring them.
+  std::vector<CLI::Option*> cpu_only;
 };
 CLI::App* add_run_command(CLI::App& app, RunOptions& options);
 int run_command(const RunOptions& options);

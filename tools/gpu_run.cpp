@@ -29,12 +29,14 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const GpuRunOp
   out.first_rank = fabric->first_local_rank();
   out.devices = options.fabric == "loopback" ? 1 : fabric->num_local_ranks();
   MoeLayer layer(config, *fabric);
+  out.tiles = layer.config().tiles;
   layer.set_weights(p.weights);
   LayerOptions lo;
   lo.path = options.fused || options.trace ? ForwardPath::kFused : ForwardPath::kUnfused;
   lo.trace = options.trace;
   lo.link = options.link;
   lo.layer0_stages = options.layer0_stages;
+  lo.timeout_s = options.timeout_s;
   layer.set_options(lo);
   const cuda::DeviceProblem tensors(config, p, fabric.get());
   cudaEvent_t start, stop;

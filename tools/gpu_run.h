@@ -19,6 +19,7 @@ struct GpuRunOptions {
   bool trace = false;  // the fused kernels with LayerOptions::trace; GpuRun::trace holds the timeline
   LinkEmulation link;  // paces the inter-rank copies (comet/link_emulation.h; off by default)
   int layer0_stages = 0;  // LayerOptions::layer0_stages (fused; 0 chooses)
+  double timeout_s = 5.0;  // LayerOptions::timeout_s (--timeout-ms)
 };
 
 struct GpuRun {
@@ -28,6 +29,7 @@ struct GpuRun {
   int devices = 1;                    // GPUs this process used
   double forward_us = 0;              // first call, CUDA events (includes the device plan)
   std::string device;
+  TileConfig tiles;                   // the tile shapes MoeLayer ran (its own, not the config's)
   Trace trace;                        // with trace: the fused kernels' timeline
 };
 
