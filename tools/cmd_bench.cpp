@@ -97,17 +97,36 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
 
 // Model names and token counts are checked before the GPU starts; then the GPU itself.
 void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens,
-                        const std::string& command) {
+                        const std::string& command, const std::vector<std::pair<int, int>>& layouts) {
+  std::vector<ModelShape> shapes;
   for (const auto& m : models) {
     try {
-      ModelPresets::get(m);
+      shapes.push_back(ModelPresets::get(m));
     } catch (const Error& e) {
       throw UsageError(std::string("--models: ") + e.what());
     }
   }
+  if (models.empty()) shapes = ModelPresets::all();
   for (int t : tokens)
     if (t < 1 || t > kMaxTokensPerRank)
       throw UsageError("--tokens: every count must be within [1, " + std::to_string(kMaxTokensPerRank) + "]");
+  // A layout a preset cannot take (E % EP, F % TP, too many ranks) would otherwise stop the
+  // sweep when it reaches it, after the rows before it ran.
+  const int max_tokens = tokens.empty() ? 1 : *std::max_element(tokens.begin(), tokens.end());
+  for (const auto& [ep, tp] : layouts) {
+    if (int64_t(ep) * tp > kMaxRanks)
+      throw UsageError("EP " + std::to_string(ep) + " x TP " + std::to_string(tp) + " is more than " +
+                       std::to_string(kMaxRanks) + " ranks");
+    for (const ModelShape& m : shapes) {
+      LayerConfig c;
+      c.model = m;
+      c.layout = {ep * tp, ep, tp};
+      c.max_tokens_per_rank = max_tokens;
+      const Status s = c.validate();
+      if (!s)
+        throw UsageError(m.name + " at EP " + std::to_string(ep) + " x TP " + std::to_string(tp) + ": " + s.reason);
+    }
+  }
 #ifndef COMET_HAVE_CUDA
   throw UsageError(command + " needs the CUDA backend; this build has none (nvcc was not found)");
 #else
@@ -163,8 +182,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
   check_output_path(o.trace, "--trace");
   const std::vector<std::pair<int, int>> layouts = parse_layouts(o.layouts);
   const std::vector<RoutingSpec> routings = parse_routings(o.routings);
-  int min_world = layouts.empty() ? o.ep * o.tp : std::numeric_limits<int>::max();
-  for (const auto& [ep, tp] : layouts) min_world = std::min(min_world, ep * tp);
+  int64_t min_world = layouts.empty() ? int64_t(o.ep) * o.tp : std::numeric_limits<int64_t>::max();
+  for (const auto& [ep, tp] : layouts) min_world = std::min(min_world, int64_t(ep) * tp);
   for (int r : o.trace_ranks)
     if (r >= min_world)
       throw UsageError("--trace-ranks: rank " + std::to_string(r) + " is not one of the W ranks (W = " +
@@ -179,7 +198,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
     throw UsageError("--copies0 gemm: the GEMM blocks' copies cannot be paced to an emulated link (--emulate-link)");
   if (link.on() && has_gemm(o.layer1_combine))
     throw UsageError("--combine1 gemm: the GEMM blocks' combine cannot be paced to an emulated link (--emulate-link)");
-  check_bench_inputs(o.models, o.tokens, "comet bench");
+  check_bench_inputs(o.models, o.tokens, "comet bench",
+                     layouts.empty() ? std::vector<std::pair<int, int>>{{o.ep, o.tp}} : layouts);
 #ifdef COMET_HAVE_CUDA
   bench::LayerBenchOptions lo;
   lo.models = o.models;

@@ -47,7 +47,7 @@ int tune_command(const TuneOptions& o) {
   // --out is required, so an empty path is a mistake (check_output_path lets it through as "no file").
   if (o.out.empty()) throw UsageError("--out: the path of the tuning table is empty");
   check_output_path(o.out, "--out");
-  check_bench_inputs(o.models, o.tokens, "comet tune");
+  check_bench_inputs(o.models, o.tokens, "comet tune", {{o.ep, o.tp}});
 #ifdef COMET_HAVE_CUDA
   const cuda::DeviceInfo info = cuda::query_device_info();
   TuningTable table;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -92,10 +93,11 @@ struct BenchLayerOptions {
 };
 // --emulate-link's value (empty: off); UsageError naming the option for a bad one.
 LinkEmulation parse_emulate_link_option(const std::string& value);
-// Presets and token counts of a GPU command (UsageError naming the option), then that a GPU
-// is there (UsageError naming `command`).
+// Presets, token counts and (EP, TP) layouts of a GPU command, every model with every layout
+// (UsageError naming the option and the reason, before any GPU work), then that a GPU is there
+// (UsageError naming `command`). No layouts: only models and tokens.
 void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens,
-                        const std::string& command);
+                        const std::string& command, const std::vector<std::pair<int, int>>& layouts = {});
 
 // comet tune: n_comm sweep -> tuning table (tools/cmd_tune.cpp). Needs a GPU.
 struct TuneOptions {
