@@ -554,6 +554,7 @@ __device__ __forceinline__ void place_chunk(const PlanShape& s, const DevicePlan
       dst = combine_recv_row(a.combine_peers[owner], a.combine_offset, r, s.t_max, position, s.hidden);
     }
     int j = 0;
+    uint32_t bad_weight = 0;  // the bits of a NaN or infinite weight (never 0), reported after the loop
 #pragma unroll
     for (int k = 0; k < kMaxTopk; ++k) {
       const int e = lk.get(k);
@@ -561,7 +562,7 @@ __device__ __forceinline__ void place_chunk(const PlanShape& s, const DevicePlan
       const unsigned lanes_below = (1u << lane) - 1u;
       const int row = warp_cnt[warp * E + e] + __popc(my_masks[e] & lanes_below);
       const float w = weights[size_t(t) * K + k];
-      if (!isfinite(w)) record_input_error(a.error, r, WaitRole::kBadWeight, src, 0, __float_as_uint(w));
+      bad_weight = isfinite(w) ? bad_weight : __float_as_uint(w);
       plan.recv_rows[size_t(slot) * R + j] = row;
       plan.row_source[row] = pack_row_source(pos, t);
       plan.recv_weight[size_t(slot) * R + j] = w;
@@ -572,6 +573,7 @@ __device__ __forceinline__ void place_chunk(const PlanShape& s, const DevicePlan
       plan.recv_rows[size_t(slot) * R + j] = -1;
       plan.recv_weight[size_t(slot) * R + j] = 0.f;
     }
+    if (bad_weight != 0) record_input_error(a.error, r, WaitRole::kBadWeight, src, 0, bad_weight);
   }
 }
 
