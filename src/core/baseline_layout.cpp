@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <cstring>
 #include <sstream>
 
 namespace comet::core {
@@ -42,6 +43,12 @@ Status baseline_rows_status(const LayerConfig& config, const int32_t* rows, int 
         os << "token " << row[2] << " selects expert " << row[4] << " twice (slot " << row[3]
            << " repeats an earlier slot)";
         break;
+      case BaselineInputError::kWeight: {
+        float w = 0;
+        std::memcpy(&w, &row[4], sizeof w);
+        os << "token " << row[2] << " slot " << row[3] << ": routing weight " << w << " is not finite";
+        break;
+      }
       default: os << "unknown error code " << row[1];
     }
     return Status::failure(os.str());

@@ -37,6 +37,7 @@ enum class BaselineInputError : int32_t {
   kTokenCount = 1,     // num_tokens outside [0, T_max]; value = the count
   kExpertId = 2,       // id outside [-1, E); token, slot, value = the id
   kRepeatedExpert = 3, // the same expert in two slots of one token; value = the expert
+  kWeight = 4,         // an unmasked slot's weight is NaN or infinite; token, slot, value = its bits
 };
 
 // int32 entries of one count row for `chunks` chunks, rounded up to 4 (16-byte copies).

@@ -51,7 +51,7 @@ int route_scan_blocks(const BaselineDims& d);  // ceil(T_max / kRouteScanTokens)
 // the token's in-block rank among that group's tokens (group_rank; -1 elsewhere); the count of
 // each key per block (block_counts [blocks][E + EP]); and adds the per-chunk counts into
 // count_row (which must be zero on entry).
-void launch_route_scan(const BaselineDims& d, const int32_t* expert_ids, const int32_t* num_tokens,
+void launch_route_scan(const BaselineDims& d, const int32_t* expert_ids, const float* weights, const int32_t* num_tokens,
                        int32_t* count_row, int32_t* item_rank, int32_t* group_rank, int32_t* block_counts,
                        CUstream_st* stream);
 // block_counts -> exclusive prefix over blocks (in place); chunk_prefix [chunks][E + EP] =

@@ -406,7 +406,7 @@ struct BaselineMoe::Impl {
         int32_t* row = at<int32_t>(r, heap.count_row);
         const RankTensors& t = tensors(in, r);
         COMET_CUDA_CHECK(cudaMemsetAsync(row, 0, size_t(dims.count_row_len) * 4, l.main));
-        cuda::launch_route_scan(dims, t.expert_ids, t.num_tokens, row, at<int32_t>(r, heap.item_rank),
+        cuda::launch_route_scan(dims, t.expert_ids, t.weights, t.num_tokens, row, at<int32_t>(r, heap.item_rank),
                                 at<int32_t>(r, heap.group_rank), at<int32_t>(r, heap.block_base), l.main);
         cuda::launch_route_prefix(dims, row, at<int32_t>(r, heap.block_base), at<int32_t>(r, heap.chunk_prefix),
                                   l.main);

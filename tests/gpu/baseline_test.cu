@@ -18,6 +18,7 @@
 // inter-rank copies (exact byte moves) and the streams differ, and no step depends on timing.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
 
@@ -184,6 +185,14 @@ TEST(Baseline, BadInputThrowsAndTheLayerStaysUsable) {
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(d.tensors(), nullptr); },
                                        {"bad input from rank 0", "token 5", "twice"}));
   COMET_CUDA_CHECK(cudaMemcpy(ids + 5 * c.model.topk, good, sizeof good, cudaMemcpyHostToDevice));
+  // A NaN weight in an unmasked slot.
+  float* weights = const_cast<float*>(t.weights);
+  const float nan_weight = std::nanf("");
+  COMET_CUDA_CHECK(cudaMemcpy(weights + 5 * c.model.topk + 1, &nan_weight, sizeof nan_weight, cudaMemcpyHostToDevice));
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(d.tensors(), nullptr); },
+                                       {"bad input from rank 0", "token 5 slot 1", "routing weight nan"}));
+  const float good_weight = p.routing[0].weight(5, 1);
+  COMET_CUDA_CHECK(cudaMemcpy(weights + 5 * c.model.topk + 1, &good_weight, sizeof good_weight, cudaMemcpyHostToDevice));
   EXPECT_TRUE(close_to(run(layer, d), ref::oracle_forward(p)));
 }
 

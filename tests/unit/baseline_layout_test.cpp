@@ -4,6 +4,9 @@
 // every row of every buffer exactly once and agree with the dispatch plan's counts.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
+
 #include "comet/plan.h"
 #include "core/baseline_layout.h"
 #include "support/test_support.h"
@@ -183,6 +186,11 @@ TEST(BaselineCountRows, ParseRoundTripAndErrors) {
   rows[size_t(len) + 1] = int32_t(core::BaselineInputError::kRepeatedExpert);
   EXPECT_TRUE(test::throws_with<Error>([&] { core::parse_baseline_counts(config, rows.data(), chunks); },
                                        {"rank 1", "twice"}));
+  rows[size_t(len) + 1] = int32_t(core::BaselineInputError::kWeight);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(&rows[size_t(len) + 4], &inf, sizeof inf);
+  EXPECT_TRUE(test::throws_with<Error>([&] { core::parse_baseline_counts(config, rows.data(), chunks); },
+                                       {"rank 1", "token 4 slot 1", "routing weight inf is not finite"}));
   EXPECT_TRUE(test::throws_with<Error>([&] { core::baseline_count_row_len(config, 0); }, {"chunks must be within"}));
   EXPECT_TRUE(test::throws_with<Error>([&] { core::baseline_count_row_len(config, core::kBaselineMaxChunks + 1); },
                                        {"chunks must be within"}));
