@@ -476,8 +476,9 @@ int Launcher::run() {
   for (;;) {
     check_exits();
     if (all_exited()) {
-      // A stop also ends whatever the ranks left behind in their groups.
-      if (stopping_) signal_groups(SIGKILL);
+      // Whatever the ranks left running in their groups ends with them (a leftover worker would
+      // keep its GPU memory): after a stop at once, after a clean run with SIGTERM.
+      signal_groups(stopping_ ? SIGKILL : SIGTERM);
       break;
     }
 

@@ -229,6 +229,19 @@ TEST_F(LaunchTest, FailingRankStopsTheOthers) {
   EXPECT_LT(o.err.find("[rank 1] failing\n"), o.err.find(line)) << shown(o);
 }
 
+// A clean run ends what its ranks left running in the background too.
+TEST_F(LaunchTest, BackgroundProcessesOfRanksEndWithTheRun) {
+  const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c 'sleep 60 & echo $! > "$WORK/bg$RANK"; echo started')");
+  EXPECT_EQ(o.code, 0) << shown(o);
+  EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
+  for (const char* file : {"bg0", "bg1"}) {
+    std::string pid = read_text(work_ / file);
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    ASSERT_FALSE(pid.empty()) << file << "\n" << shown(o);
+    EXPECT_TRUE(process_ends_within(pid, kStopWithinS)) << "rank's background pid " << pid << " still runs";
+  }
+}
+
 TEST_F(LaunchTest, RankKilledBySignal) {
   const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c 'if [ "$RANK" = 1 ]; then kill -KILL $$; fi; sleep 60')");
   EXPECT_EQ(o.code, 128 + 9) << shown(o);
