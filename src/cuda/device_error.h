@@ -19,6 +19,8 @@ enum class WaitRole : int32_t {
   kBarrier = 4,
   // Input errors found on the device (no wait involved): `signal` is the rank whose input is
   // bad, `observed` the bad value (signed, two's complement), `expected` the bound it broke.
+  // MoeLayer keeps them in a record of their own, which waits do not watch (the protocol stays
+  // in step), apart from the timeouts'.
   kBadTokenCount = 5,  // more tokens than T_max
   kBadExpertId = 6,    // an expert id outside [-1, E)
   kRowOverflow = 7,    // more rows than the buffers hold

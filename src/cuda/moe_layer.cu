@@ -143,7 +143,11 @@ struct MoeLayer::Impl {
     DevicePlanView plan{};
     void* w0 = nullptr;  // [E/EP][n_b][H] packed gate/up
     void* w1 = nullptr;  // [E/EP][H][F/TP]
+    // Two records, one allocation: error[0] for timeouts and schedule errors, which every wait
+    // watches (one dead peer costs one timeout); error[1] for bad input found by the plan, which
+    // no wait watches, so the forward and the ones after it still run the protocol in step.
     cuda::DeviceError* error = nullptr;
+    cuda::DeviceError* input_error() const { return error + 1; }
     const int32_t** count_table = nullptr;  // [W] peers' token_count regions
     const int32_t** id_table = nullptr;
     const float** weight_table = nullptr;
@@ -417,7 +421,7 @@ struct MoeLayer::Impl {
       a.route_ids = k.id_table;
       a.route_weights = k.weight_table;
       a.plan = k.plan;
-      a.error = k.error;
+      a.error = k.input_error();
       a.layer0_group_m = layer0_group_m();
       a.layer0_stages = layer0_stages();
       a.layer1_width = layer1_col_width();
@@ -852,8 +856,8 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     }
     COMET_CUDA_CHECK(cudaMalloc(&k.plan_buffer, m.plan_layout.total_bytes()));
     k.plan = m.plan_layout.view(k.plan_buffer);
-    COMET_CUDA_CHECK(cudaMalloc(&k.error, sizeof(cuda::DeviceError)));
-    COMET_CUDA_CHECK(cudaMemset(k.error, 0, sizeof(cuda::DeviceError)));
+    COMET_CUDA_CHECK(cudaMalloc(&k.error, 2 * sizeof(cuda::DeviceError)));
+    COMET_CUDA_CHECK(cudaMemset(k.error, 0, 2 * sizeof(cuda::DeviceError)));
     COMET_CUDA_CHECK(cudaMalloc(&k.count_table, W * sizeof(void*)));
     COMET_CUDA_CHECK(cudaMalloc(&k.id_table, W * sizeof(void*)));
     COMET_CUDA_CHECK(cudaMalloc(&k.weight_table, W * sizeof(void*)));
@@ -1072,27 +1076,33 @@ Trace MoeLayer::read_trace(CUstream_st* stream) {
 void MoeLayer::check(CUstream_st* stream) {
   Impl& m = *impl_;
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-  // The first rank's record in rank order, but a barrier timeout only when no rank recorded
-  // anything else: a rank stuck on a missing signal holds its peers in the next barrier, and
-  // with one process driving both, which of their timeouts fires first is a race; the stuck
-  // rank's own record names the cause.
-  std::string first, first_barrier;
+  // Bad input first (the cause, when a timeout followed it), then the first rank's timeout in
+  // rank order, but a barrier timeout only when no rank recorded anything else: a rank stuck on
+  // a missing signal holds its peers in the next barrier, and with one process driving both,
+  // which of their timeouts fires first is a race; the stuck rank's own record names the cause.
+  std::string input, first, first_barrier;
+  bool timed_out = false;
   DeviceGuard guard;
   for (const Impl::Rank& k : m.ranks) {
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
-    cuda::DeviceError e;
-    COMET_CUDA_CHECK(cudaMemcpy(&e, k.error, sizeof e, cudaMemcpyDeviceToHost));
-    if (!e.claimed) continue;
-    std::string& slot = e.role == int32_t(cuda::WaitRole::kBarrier) ? first_barrier : first;
-    if (slot.empty()) slot = cuda::describe(e);
+    cuda::DeviceError e[2];
+    COMET_CUDA_CHECK(cudaMemcpy(e, k.error, sizeof e, cudaMemcpyDeviceToHost));
+    if (e[1].claimed && input.empty()) input = cuda::describe(e[1]);
+    if (!e[0].claimed) continue;
+    timed_out = true;
+    std::string& slot = e[0].role == int32_t(cuda::WaitRole::kBarrier) ? first_barrier : first;
+    if (slot.empty()) slot = cuda::describe(e[0]);
   }
   if (first.empty()) first = first_barrier;
+  if (!input.empty()) first = input;
   if (first.empty()) return;
   // Cleared once reported, so the layer stays usable.
   m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) {
-               COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, sizeof(cuda::DeviceError), s));
+               COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, 2 * sizeof(cuda::DeviceError), s));
              }});
-  m.reset_epochs(stream);
+  // Bad input alone leaves every counter in step (the plan refuses it on every rank alike, or,
+  // for a weight, runs as usual): only a timeout needs the reset.
+  if (timed_out) m.reset_epochs(stream);
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   throw Error("MoeLayer: " + first);
 }

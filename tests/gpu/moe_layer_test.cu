@@ -160,6 +160,21 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   layer.forward(d.tensors(), nullptr);
   layer.check(nullptr);
   EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+  // Bad input does not stop the waits of the forwards enqueued after it (only a timeout does):
+  // a good forward between the bad one and check() runs in step, on both paths.
+  for (ForwardPath path : {ForwardPath::kUnfused, ForwardPath::kFused}) {
+    SCOPED_TRACE(path == ForwardPath::kFused ? "fused" : "unfused");
+    LayerOptions o;
+    o.path = path;
+    layer.set_options(o);
+    d.set_token_count(1, 65);
+    layer.forward(d.tensors(), nullptr);
+    d.set_token_count(1, 30);
+    d.poison_y();
+    layer.forward(d.tensors(), nullptr);
+    EXPECT_TRUE(test::throws_with<Error>([&] { layer.check(nullptr); }, {"bad input from rank 1"}));
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+  }
 }
 
 // Misuse the host can see is refused by name before anything is enqueued, and the layer runs

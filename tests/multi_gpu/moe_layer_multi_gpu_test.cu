@@ -14,6 +14,7 @@
 #include "gpu/layer_checks.h"
 #include "multi_gpu/nccl_run.h"
 #include "ref/oracle.h"
+#include "support/test_support.h"
 
 namespace comet {
 namespace {
@@ -88,6 +89,36 @@ TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
         EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]})) << "call " << call;
       }
     }
+}
+
+// Bad input (rank 0's token count above T_max, which every rank's plan reads) is reported by
+// check() on every rank, and the layer keeps running: only a timeout leaves the ranks' counters
+// out of step, which one process cannot repair for the others.
+TEST(MoeLayerNccl, BadInputIsReportedOnEveryRankAndTheLayerStaysUsable) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  fabric::Fabric& f = Run::instance->fabric();
+  const int W = f.world(), me = f.first_local_rank();
+  const Case k = cases(W)[0];
+  const LayerConfig c = config_of(k, W);
+  const MoeProblem p = make_problem(c, tokens_of(W, 0), k.spec, 41);
+  MoeLayer layer(c, f);
+  layer.set_weights(p.weights);
+  for (ForwardPath path : {ForwardPath::kUnfused, ForwardPath::kFused}) {
+    SCOPED_TRACE(path == ForwardPath::kFused ? "fused" : "unfused");
+    LayerOptions o;
+    o.path = path;
+    layer.set_options(o);
+    cuda::DeviceProblem d(c, p, &f);
+    if (me == 0) d.set_token_count(0, c.max_tokens_per_rank + 1);
+    layer.forward(d.tensors(), nullptr);
+    EXPECT_TRUE(test::throws_with<Error>([&] { layer.check(nullptr); }, {"bad input from rank 0"}));
+    if (me == 0) d.set_token_count(0, p.num_tokens(0));
+    d.poison_y();
+    layer.forward(d.tensors(), nullptr);
+    layer.check(nullptr);
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]}));
+  }
 }
 
 // The forward of every rank captured once (barrier kernels included) and replayed in lockstep
