@@ -90,6 +90,16 @@ CLI::Validator number_range(double min, double max) {
       "NUMBER in [" + range + "]");
 }
 
+CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](std::string& input) {
+        const size_t first = input.find_first_not_of(" \t");
+        if (first != std::string::npos && input[first] == '-') return "Value " + input + " is negative";
+        return std::string();
+      },
+      "UINT");
+}
+
 void add_fabric_option(CLI::App& app, std::string& fabric) {
   app.add_option("--fabric", fabric,
                  "loopback (W virtual ranks on one GPU), local (one GPU per rank) or nccl (one process per rank, "
@@ -208,7 +218,7 @@ void add_workload_options(CLI::App& app, WorkloadOptions& o, const TileConfig& d
   app.add_option("--dtype", o.dtype, "storage type: bf16, f16 or f32")
       ->capture_default_str()
       ->group("Workload");
-  app.add_option("--seed", o.seed, "seed of weights, tokens and routing")
+  app.add_option("--seed", o.seed, "seed of weights, tokens and routing")->check(non_negative_integer())
       ->capture_default_str()
       ->group("Workload");
   o.tile_opts = {

@@ -35,6 +35,8 @@ inline constexpr int64_t kMaxRoutingSlots = int64_t(1) << 24;
 // --n-comm0/--n-comm1 (bench layer, tune): more than any GPU's SMs (H200: 132); MoeLayer then
 // refuses what the GPU at hand cannot run.
 inline constexpr int kMaxCommBlocks = 1024;
+// Worker threads of a `comet run` on the cpu backend, W x (comm + compute): 64 ranks x 2 x 32.
+inline constexpr int64_t kMaxWorkerThreads = 4096;
 
 // Exit codes of every subcommand (documented in docs/cli.md).
 inline constexpr int kExitOk = 0;
@@ -62,6 +64,8 @@ void check_output_path(const std::string& path, const std::string& option);
 // in 309 digits; this prints them as %g ("--warmup-ms: Value -1 not in range 0 to 60000").
 // Integer options take CLI::Range(int, int), which prints integers as they are.
 CLI::Validator number_range(double min, double max);
+// For unsigned options (--seed): CLI11 would read "-1" as 2^64 - 1; refused instead.
+CLI::Validator non_negative_integer();
 
 // --fabric loopback|local|nccl for the GPU commands that measure (bench layer, tune); with nccl,
 // one process per rank under `comet launch`, and rank 0 speaks for the run.

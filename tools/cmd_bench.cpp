@@ -38,7 +38,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   g->add_option("--ep", o.ep, "expert-parallel ranks (shapes of rank 0)")->check(CLI::Range(1, max_experts));
   g->add_option("--iters", o.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
   g->add_option("--warmup-ms", o.warmup_ms, "warm-up before timing each workload")->check(number_range(0, 60000));
-  g->add_option("--seed", o.seed, "routing seed");
+  g->add_option("--seed", o.seed, "routing seed")->check(non_negative_integer());
   g->add_flag("--json", o.json, "JSON instead of the table");
   *gemm = g;
   CLI::App* l = bench->add_subcommand(
@@ -64,7 +64,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->delimiter(',')->check(CLI::Range(0, 64));
   l->add_option("--iters", lo.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
   l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(number_range(0, 60000));
-  l->add_option("--seed", lo.seed, "weights, tokens and routing seed");
+  l->add_option("--seed", lo.seed, "weights, tokens and routing seed")->check(non_negative_integer());
   l->add_option("--tuning", lo.tuning_file, "tuning table (comet tune) that n_comm 0 looks up")->check(CLI::ExistingFile);
   l->add_option("--chunks", lo.chunks, "chunk counts of the chunked baseline, comma separated (the fastest is reported)")
       ->delimiter(',')

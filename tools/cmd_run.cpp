@@ -365,6 +365,14 @@ int run_command(const RunOptions& o) {
   if (o.compute_workers < 1 || o.compute_workers > 64)
     throw UsageError("--compute-workers must be within [1, 64], not " +
                      std::to_string(o.compute_workers));
+  // Every rank's workers are threads of this process: thousands of them on a few cores starve
+  // each other into the protocol's timeouts, which would read as a protocol failure.
+  const int64_t worker_threads = int64_t(r.full.config.layout.world) * (o.comm_workers + o.compute_workers);
+  if (r.backend == "cpu" && worker_threads > kMaxWorkerThreads)
+    throw UsageError("W " + std::to_string(r.full.config.layout.world) + " x (" + std::to_string(o.comm_workers) +
+                     " + " + std::to_string(o.compute_workers) + " workers) = " + std::to_string(worker_threads) +
+                     " threads, more than the " + std::to_string(kMaxWorkerThreads) +
+                     " the cpu backend runs (fewer --comm-workers or --compute-workers)");
   if (o.chunk_tokens < 1)
     throw UsageError("--chunk-tokens must be positive, not " + std::to_string(o.chunk_tokens));
   if (o.timeout_ms < 1 || o.timeout_ms > 1'000'000'000)
