@@ -108,4 +108,8 @@ struct LayerConfig {
   std::string describe() const;  // one line, every field
 };
 
+// A 64-bit hash (FNV-1a) of every field of `config`: the same in every process and build, so
+// that the ranks of a multi-process run can check that they built the same layer.
+uint64_t config_fingerprint(const LayerConfig& config);
+
 }  // namespace comet

@@ -138,4 +138,14 @@ std::string LayerConfig::describe() const {
   return os.str();
 }
 
+uint64_t config_fingerprint(const LayerConfig& config) {
+  const std::string text = config.describe() + " padding=" + std::to_string(config.model.padding_experts);
+  uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bits
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
 }  // namespace comet

@@ -701,6 +701,7 @@ BaselineMoe::BaselineMoe(const LayerConfig& config, fabric::Fabric& fabric, cons
   m.dims.hidden = c.model.hidden;
   m.dims.t_max = c.max_tokens_per_rank;
   m.dims.meta_per_token = meta_per_token(c);
+  m.fabric.agree(config_fingerprint(m.config), "the BaselineMoe's config", m.config.describe());  // collective
   m.fabric.allocate(m.heap.total);  // Nccl: collective
   m.heap_generation = m.fabric.heap_generation();
   m.peers = m.fabric.peer_table_host(m.fabric.first_local_rank());

@@ -836,6 +836,9 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
   COMET_CHECK(!m.per_rank_streams || int(rank_on_device.size()) == local,
               "MoeLayer: two ranks of this process share a GPU while the ranks span several GPUs or processes; "
               "each rank needs a GPU of its own there (or put every rank on one GPU: Loopback)");
+  // Collective, before the heap: ranks that built different layers would otherwise fail later
+  // and less clearly (a heap size, a timeout, wrong output).
+  m.fabric.agree(config_fingerprint(m.config), "the MoeLayer's config", m.config.describe());
   m.fabric.allocate(m.layout.total_bytes());
   m.heap_generation = m.fabric.heap_generation();
   DeviceGuard guard;

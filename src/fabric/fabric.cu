@@ -52,6 +52,12 @@ void Fabric::all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream)
   run_all_to_all_v(local_ranks, stream);
 }
 
+void Fabric::agree(uint64_t value, const std::string& what, const std::string& shown) {
+  COMET_CHECK(run_agree(value, what), "fabric " << name() << ": the ranks disagree on " << what << " (this rank, "
+                                                << first_local_rank() << ": " << shown
+                                                << "); every rank must build the same one");
+}
+
 void Fabric::allocate(int64_t bytes_per_rank) {
   run_allocate(bytes_per_rank);
   ++heap_generation_;

@@ -67,6 +67,10 @@ class Fabric {
   // Nccl: collective, every rank with the same size (checked); the caller's work on the old
   // heap must be finished on every rank (the fabric synchronizes the device and the ranks).
   void allocate(int64_t bytes_per_rank);
+  // Collective: throws comet::Error on every rank unless every rank passed the same `value`;
+  // the message names `what` and this rank's `shown` (a layer passes a hash of its config and
+  // the config in words). Loopback and Local: one process builds every rank, nothing to agree.
+  void agree(uint64_t value, const std::string& what, const std::string& shown);
   // How many times allocate() has returned: a layer notes it after its own allocate() and
   // refuses to run once another object reallocated the heap under it (its device tables would
   // point into freed memory).
@@ -109,6 +113,12 @@ class Fabric {
   virtual void run_all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream) = 0;
   // allocate() itself.
   virtual void run_allocate(int64_t bytes_per_rank) = 0;
+  // agree() across processes: whether every rank passed `value` (the Nccl fabric's allreduce).
+  virtual bool run_agree(uint64_t value, const std::string& what) {
+    (void)value;
+    (void)what;
+    return true;
+  }
   uint64_t heap_generation_ = 0;
 };
 

@@ -173,6 +173,20 @@ class NcclFabric final : public Fabric {
     barrier_on(stream_, "the end of allocate()");
   }
 
+  bool run_agree(uint64_t value, const std::string& what) override {
+    check_usable();
+    DeviceGuard guard;
+    COMET_CUDA_CHECK(cudaSetDevice(env_.local_rank));
+    // allreduce(max) over {value, ~value}: the largest value and the complement of the smallest;
+    // every rank sees the same pair, so all of them throw or none does.
+    uint64_t v[2] = {value, ~value};
+    COMET_CUDA_CHECK(cudaMemcpyAsync(scratch_, v, sizeof v, cudaMemcpyHostToDevice, stream_));
+    finish(ncclAllReduce(scratch_, scratch_, 2, ncclUint64, ncclMax, comm_, stream_), "agreeing on " + what);
+    wait_stream(stream_, "agreeing on " + what);
+    COMET_CUDA_CHECK(cudaMemcpy(v, scratch_, sizeof v, cudaMemcpyDeviceToHost));
+    return v[0] == ~v[1];
+  }
+
   void barrier(CUstream_st* stream) override {
     check_usable();
     DeviceGuard guard;

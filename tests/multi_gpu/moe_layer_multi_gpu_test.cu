@@ -121,6 +121,28 @@ TEST(MoeLayerNccl, BadInputIsReportedOnEveryRankAndTheLayerStaysUsable) {
   }
 }
 
+// Ranks that build different layers (here rank 1 with one more token of T_max) fail at
+// construction on every rank, naming the config; the fabric then serves a layer they agree on.
+TEST(MoeLayerNccl, RanksWithDifferentConfigsFailAtConstruction) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  fabric::Fabric& f = Run::instance->fabric();
+  const int W = f.world(), me = f.first_local_rank();
+  if (W == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
+  LayerConfig c = config_of(cases(W)[0], W);
+  LayerConfig mine = c;
+  if (me == 1) mine.max_tokens_per_rank += 1;
+  EXPECT_TRUE(test::throws_with<Error>([&] { MoeLayer layer(mine, f); },
+                                       {"the ranks disagree on the MoeLayer's config", "T_max="}));
+  MoeLayer layer(c, f);
+  const MoeProblem p = make_problem(c, tokens_of(W, 0), cases(W)[0].spec, 43);
+  layer.set_weights(p.weights);
+  cuda::DeviceProblem d(c, p, &f);
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]}));
+}
+
 // The forward of every rank captured once (barrier kernels included) and replayed in lockstep
 // with new routing: each rank's barrier generation lives on its device, so replays continue it.
 TEST(MoeLayerNccl, GraphReplay) {

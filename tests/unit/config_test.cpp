@@ -128,6 +128,30 @@ TEST(LayerConfig, DescribeIsOneLineWithTheModel) {
   EXPECT_EQ(d.find('\n'), std::string::npos) << d;
 }
 
+// The ranks of a multi-process run compare fingerprints: every field counts, and the value is
+// FNV-1a of the description, the same in every build (a value fixed here).
+TEST(LayerConfig, FingerprintCoversEveryFieldAndIsStable) {
+  const LayerConfig c = small_config();
+  const std::string text = c.describe() + " padding=" + std::to_string(c.model.padding_experts);
+  uint64_t fnv = 14695981039346656037ull;
+  for (unsigned char ch : text) fnv = (fnv ^ ch) * 1099511628211ull;
+  EXPECT_EQ(config_fingerprint(c), fnv);
+  EXPECT_EQ(config_fingerprint(c), config_fingerprint(small_config()));
+  const std::vector<std::function<void(LayerConfig&)>> changes = {
+      [](LayerConfig& x) { x.model.hidden += 8; },          [](LayerConfig& x) { x.model.ffn += 8; },
+      [](LayerConfig& x) { x.model.num_experts *= 2; },     [](LayerConfig& x) { x.model.topk += 1; },
+      [](LayerConfig& x) { x.model.padding_experts += 1; }, [](LayerConfig& x) { x.max_tokens_per_rank += 1; },
+      [](LayerConfig& x) { x.dtype = DType::kF16; },        [](LayerConfig& x) { x.tiles.block_n1 *= 2; },
+      [](LayerConfig& x) { x.model.activation = Activation::kGelu; },
+      [](LayerConfig& x) { x.layout = {x.layout.world, x.layout.world, 1}; },
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    LayerConfig d = c;
+    changes[i](d);
+    EXPECT_NE(config_fingerprint(d), config_fingerprint(c)) << "change " << i << ": " << d.describe();
+  }
+}
+
 // One invalid configuration: a name and a mutation of small_config().
 struct InvalidCase {
   std::string what;
