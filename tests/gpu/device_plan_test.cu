@@ -323,5 +323,21 @@ TEST(DevicePlan, RefusesZeroMaxTokens) {
   }
 }
 
+// The host's words for a record (no GPU needed): input errors signed, a weight as a float,
+// a timeout with its signal.
+TEST(DeviceError, DescribesInputErrorsAndTimeouts) {
+  const DeviceError count{.claimed = 1, .rank = 1, .role = int32_t(WaitRole::kBadTokenCount), .signal = 2,
+                          .expected = 64, .observed = uint64_t(int64_t(-3))};
+  EXPECT_EQ(describe(count), "rank 1: bad input from rank 2: expected token count within T_max (bound 64), got -3");
+  const DeviceError weight{.claimed = 1, .rank = 1, .role = int32_t(WaitRole::kBadWeight), .signal = 2,
+                           .observed = 0x7fc00000u};  // a quiet NaN
+  EXPECT_EQ(describe(weight), "rank 1: bad input from rank 2: expected a finite routing weight, got nan");
+  const DeviceError timeout{.claimed = 1, .rank = 1, .role = int32_t(WaitRole::kGemmTileInput), .block = 37,
+                            .signal = 5, .layer = 0, .expected = 128, .observed = 64};
+  EXPECT_EQ(describe(timeout), "rank 1 layer0 block 37: timed out waiting for GEMM tile input (rows of an M tile), "
+                               "signal 5 >= 128, observed 64");
+  EXPECT_EQ(describe(DeviceError{}), "no error");
+}
+
 }  // namespace
 }  // namespace comet::cuda

@@ -50,6 +50,14 @@ std::vector<int> tokens_of(int world, int call) {
   return t;
 }
 
+// A forward into poisoned outputs, checked: this rank's output must match the oracle's.
+void expect_forward_matches_oracle(MoeLayer& layer, cuda::DeviceProblem& d, const MoeProblem& p, int me) {
+  d.poison_y();
+  layer.forward(d.tensors(), nullptr);
+  layer.check(nullptr);
+  EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]}));
+}
+
 TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
   COMET_REQUIRE_RUN();
   SCOPED_TRACE(who());
@@ -114,10 +122,7 @@ TEST(MoeLayerNccl, BadInputIsReportedOnEveryRankAndTheLayerStaysUsable) {
     layer.forward(d.tensors(), nullptr);
     EXPECT_TRUE(test::throws_with<Error>([&] { layer.check(nullptr); }, {"bad input from rank 0"}));
     if (me == 0) d.set_token_count(0, p.num_tokens(0));
-    d.poison_y();
-    layer.forward(d.tensors(), nullptr);
-    layer.check(nullptr);
-    EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]}));
+    expect_forward_matches_oracle(layer, d, p, me);
   }
 }
 
@@ -138,9 +143,7 @@ TEST(MoeLayerNccl, RanksWithDifferentConfigsFailAtConstruction) {
   const MoeProblem p = make_problem(c, tokens_of(W, 0), cases(W)[0].spec, 43);
   layer.set_weights(p.weights);
   cuda::DeviceProblem d(c, p, &f);
-  layer.forward(d.tensors(), nullptr);
-  layer.check(nullptr);
-  EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]}));
+  expect_forward_matches_oracle(layer, d, p, me);
 }
 
 // The forward of every rank captured once (barrier kernels included) and replayed in lockstep
