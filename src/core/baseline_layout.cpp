@@ -2,8 +2,8 @@
 #include "core/baseline_layout.h"
 
 #include <algorithm>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 namespace comet::core {

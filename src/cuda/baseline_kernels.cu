@@ -47,8 +47,8 @@ __device__ __forceinline__ uint32_t lane_range(int lo, int hi) {
 // One block = kRouteScanTokens tokens, one thread per token. table[w][key] holds a bit per lane
 // of warp w whose token selects `key` (an expert, or E + an EP group), so that a token's rank
 // among the block's tokens with that key is a popcount over earlier warps and lower lanes.
-__global__ void route_scan_kernel(BaselineDims d, const int32_t* ids, const float* weights, const int32_t* num_tokens, int32_t* row,
-                                  int32_t* item_rank, int32_t* group_rank, int32_t* block_counts) {
+__global__ void route_scan_kernel(BaselineDims d, const int32_t* ids, const float* weights, const int32_t* num_tokens,
+                                  int32_t* row, int32_t* item_rank, int32_t* group_rank, int32_t* block_counts) {
   extern __shared__ uint32_t table[];  // [kWarps][NK]
   const int NK = d.count_keys(), K = d.topk, E = d.num_experts, epr = d.experts_per_rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -282,8 +282,8 @@ void launch_route_scan(const BaselineDims& d, const int32_t* expert_ids, const f
                        int32_t* count_row, int32_t* item_rank, int32_t* group_rank, int32_t* block_counts,
                        CUstream_st* stream) {
   const size_t smem = size_t(kWarps) * d.count_keys() * sizeof(uint32_t);
-  route_scan_kernel<<<route_scan_blocks(d), kRouteScanTokens, smem, stream>>>(d, expert_ids, weights, num_tokens,
-                                                                              count_row, item_rank, group_rank, block_counts);
+  route_scan_kernel<<<route_scan_blocks(d), kRouteScanTokens, smem, stream>>>(
+      d, expert_ids, weights, num_tokens, count_row, item_rank, group_rank, block_counts);
   COMET_CUDA_CHECK_LAUNCH();
 }
 

@@ -38,17 +38,17 @@ std::string describe(const DeviceError& e) {
          << " (a schedule built for another kernel configuration); no tile ran";
     return os.str();
   }
-  if (e.role == int32_t(WaitRole::kBadWeight)) {
-    float w = 0;
-    const uint32_t bits = uint32_t(e.observed);
-    std::memcpy(&w, &bits, sizeof w);
-    os << "rank " << e.rank << ": bad input from rank " << e.signal << ": expected " << wait_role_name(WaitRole(e.role))
-       << ", got " << w;
-    return os.str();
-  }
-  if (e.role >= int32_t(WaitRole::kBadTokenCount) && e.role <= int32_t(WaitRole::kRepeatedExpert)) {
-    os << "rank " << e.rank << ": bad input from rank " << e.signal << ": expected "
-       << wait_role_name(WaitRole(e.role)) << " (bound " << e.expected << "), got " << int64_t(e.observed);
+  const bool bad_weight = e.role == int32_t(WaitRole::kBadWeight);
+  if (bad_weight || (e.role >= int32_t(WaitRole::kBadTokenCount) && e.role <= int32_t(WaitRole::kRepeatedExpert))) {
+    os << "rank " << e.rank << ": bad input from rank " << e.signal << ": expected " << wait_role_name(WaitRole(e.role));
+    if (bad_weight) {  // `observed` holds the float's bits; a weight has no bound
+      float w = 0;
+      const uint32_t bits = uint32_t(e.observed);
+      std::memcpy(&w, &bits, sizeof w);
+      os << ", got " << w;
+    } else {
+      os << " (bound " << e.expected << "), got " << int64_t(e.observed);
+    }
     return os.str();
   }
   if (e.rank >= 0) os << "rank " << e.rank << " ";

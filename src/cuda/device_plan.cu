@@ -25,6 +25,7 @@
 // expert, sources in ring order, then tokens ascending; a token's rows in slot order.
 // Determinism comes from scans and ballots (no atomics decide an order).
 #include <algorithm>
+#include <iterator>
 
 #include <cub/block/block_scan.cuh>
 
@@ -613,6 +614,9 @@ PlanShape plan_shape(const LayerConfig& c, int layer1_width) {
 
 // The plan kernels' bounds on a shape (shared memory, 32-bit indices, exact expert groups):
 // checked at every launch and, through device_plan_can_implement, before a layer is built.
+// The layer1 column widths a launch may ask for: GEMM1's tile widths (ping-pong, cooperative).
+constexpr int kLayer1Widths[] = {128, 256};
+
 size_t count_smem_bytes(const PlanShape& s) { return sizeof(int) * size_t(s.experts_per_rank + s.ep); }
 size_t place_smem_bytes(const PlanShape& s) { return sizeof(int) * size_t(2 * kChunkWarps + 1) * s.experts_per_rank; }
 
@@ -711,7 +715,8 @@ void launch_plan_kernels(const PlanShape& s, const DevicePlanArgs* args, int cou
 void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, int count, CUstream_st* stream) {
   // Layer1's column blocks, as wide as the launch's GEMM1 tiles (the same for every rank).
   const int width = count > 0 ? args[0].layer1_width : 0;
-  COMET_CHECK(width == 128 || width == 256, "build_device_plan: layer1_width " << width << " must be 128 or 256");
+  COMET_CHECK(std::find(std::begin(kLayer1Widths), std::end(kLayer1Widths), width) != std::end(kLayer1Widths),
+              "build_device_plan: layer1_width " << width << " must be 128 or 256");
   for (int i = 0; i < count; ++i)
     COMET_CHECK(args[i].layer1_width == width, "build_device_plan: the ranks of one launch disagree on layer1_width");
   const PlanShape s = plan_shape(config, width);
@@ -733,7 +738,7 @@ void build_device_plans(const LayerConfig& config, const DevicePlanArgs* args, i
 
 Status device_plan_can_implement(const LayerConfig& config) {
   try {
-    for (int width : {128, 256}) check_plan_shape(plan_shape(config, width));  // with DevicePlanLayout's checks
+    for (int width : kLayer1Widths) check_plan_shape(plan_shape(config, width));  // with DevicePlanLayout's checks
   } catch (const Error& e) {
     return Status::failure(e.what());
   }

@@ -146,6 +146,7 @@ struct MoeLayer::Impl {
     // Two records, one allocation: error[0] for timeouts and schedule errors, which every wait
     // watches (one dead peer costs one timeout); error[1] for bad input found by the plan, which
     // no wait watches, so the forward and the ones after it still run the protocol in step.
+    static constexpr int kErrorRecords = 2;
     cuda::DeviceError* error = nullptr;
     cuda::DeviceError* input_error() const { return error + 1; }
     const int32_t** count_table = nullptr;  // [W] peers' token_count regions
@@ -859,8 +860,8 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     }
     COMET_CUDA_CHECK(cudaMalloc(&k.plan_buffer, m.plan_layout.total_bytes()));
     k.plan = m.plan_layout.view(k.plan_buffer);
-    COMET_CUDA_CHECK(cudaMalloc(&k.error, 2 * sizeof(cuda::DeviceError)));
-    COMET_CUDA_CHECK(cudaMemset(k.error, 0, 2 * sizeof(cuda::DeviceError)));
+    COMET_CUDA_CHECK(cudaMalloc(&k.error, Impl::Rank::kErrorRecords * sizeof(cuda::DeviceError)));
+    COMET_CUDA_CHECK(cudaMemset(k.error, 0, Impl::Rank::kErrorRecords * sizeof(cuda::DeviceError)));
     COMET_CUDA_CHECK(cudaMalloc(&k.count_table, W * sizeof(void*)));
     COMET_CUDA_CHECK(cudaMalloc(&k.id_table, W * sizeof(void*)));
     COMET_CUDA_CHECK(cudaMalloc(&k.weight_table, W * sizeof(void*)));
@@ -1088,7 +1089,7 @@ void MoeLayer::check(CUstream_st* stream) {
   DeviceGuard guard;
   for (const Impl::Rank& k : m.ranks) {
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
-    cuda::DeviceError e[2];
+    cuda::DeviceError e[Impl::Rank::kErrorRecords];
     COMET_CUDA_CHECK(cudaMemcpy(e, k.error, sizeof e, cudaMemcpyDeviceToHost));
     if (e[1].claimed && input.empty()) input = cuda::describe(e[1]);
     if (!e[0].claimed) continue;
@@ -1101,7 +1102,7 @@ void MoeLayer::check(CUstream_st* stream) {
   if (first.empty()) return;
   // Cleared once reported, so the layer stays usable.
   m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) {
-               COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, 2 * sizeof(cuda::DeviceError), s));
+               COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, Impl::Rank::kErrorRecords * sizeof(cuda::DeviceError), s));
              }});
   // Bad input alone leaves every counter in step (the plan refuses it on every rank alike, or,
   // for a weight, runs as usual): only a timeout needs the reset.
