@@ -10,6 +10,7 @@
 #include "cli_common.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -98,6 +99,27 @@ CLI::Validator non_negative_integer() {
         return std::string();
       },
       "UINT");
+}
+
+void read_integers_as_decimal(CLI::App& app) {
+  const CLI::Validator decimal(
+      [](std::string& input) {
+        // Leading zeros after an optional sign are dropped ("-007" -> "-7", "000" -> "0").
+        const size_t digits = (!input.empty() && (input[0] == '-' || input[0] == '+')) ? 1 : 0;
+        size_t zeros = digits;
+        while (zeros + 1 < input.size() && input[zeros] == '0') ++zeros;
+        if (zeros == digits) return std::string();
+        if (std::isdigit(static_cast<unsigned char>(input[zeros])) == 0)
+          return "Value " + input + " is not a decimal integer";
+        input.erase(digits, zeros - digits);
+        return std::string();
+      },
+      "");
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) option->transform(decimal);
+  }
+  for (CLI::App* sub : app.get_subcommands({})) read_integers_as_decimal(*sub);
 }
 
 void add_fabric_option(CLI::App& app, std::string& fabric) {

@@ -66,6 +66,10 @@ void check_output_path(const std::string& path, const std::string& option);
 CLI::Validator number_range(double min, double max);
 // For unsigned options (--seed): CLI11 would read "-1" as 2^64 - 1; refused instead.
 CLI::Validator non_negative_integer();
+// Makes every integer option of `app` and its subcommands read its value in decimal. CLI11
+// parses with base 0, so "--tp 010" was 8 and "--ep 0x8" was 8; a leading zero now reads as
+// decimal ("010" is 10, as --tokens reads it) and a 0x, 0b or 0o prefix is refused by name.
+void read_integers_as_decimal(CLI::App& app);
 
 // --fabric loopback|local|nccl for the GPU commands that measure (bench layer, tune); with nccl,
 // one process per rank under `comet launch`, and rank 0 speaks for the run.

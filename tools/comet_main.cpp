@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   CLI::App* tune_cmd = add_tune_command(app, tune_options);
   LaunchOptions launch_options;
   CLI::App* launch_cmd = add_launch_command(app, launch_options);
+  read_integers_as_decimal(app);
 
   const int parse_end = launch_parse_end(argc, argv);
   try {
