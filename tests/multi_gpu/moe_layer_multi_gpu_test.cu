@@ -99,6 +99,48 @@ TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
     }
 }
 
+// LayerOptions are each process's own: ranks exchange only published inputs, partial rows and
+// barriers, and every option gives the same partial rows bit for bit. So ranks running different
+// paths, copy and combine modes and n_comm in one forward still give Loopback's default output.
+TEST(MoeLayerNccl, RanksMayRunDifferentOptions) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  fabric::Fabric& f = Run::instance->fabric();
+  const int W = f.world(), me = f.first_local_rank();
+  const Case k = cases(W)[1];
+  const LayerConfig c = config_of(k, W);
+  const auto variants = testing::forward_variants();
+  MoeLayer layer(c, f);
+  ExpertWeights weights;
+  for (int call = 0; call < int(variants.size()); ++call) {
+    const auto& [name, options] = variants[(me + call) % variants.size()];
+    SCOPED_TRACE("call " + std::to_string(call) + ", this rank " + name);
+    MoeProblem p = make_problem(c, tokens_of(W, call), k.spec, 200 + call);
+    if (call == 0) {
+      layer.set_weights(p.weights);
+      weights = p.weights;
+    }
+    p.weights = weights;
+    LayerOptions o = options;
+    o.n_comm0 = o.n_comm1 = 1 + 7 * ((me + call) % 3);  // 1, 8 or 15 blocks, unused by some modes
+    layer.set_options(o);
+    cuda::DeviceProblem d(c, p, &f);
+    d.poison_y();
+    layer.forward(d.tensors(), nullptr);
+    layer.check(nullptr);
+    const std::vector<float> got = d.download_y()[0];
+
+    auto loopback = fabric::make_loopback_fabric(W, f.device_of(me));
+    MoeLayer alone(c, *loopback);
+    alone.set_weights(p.weights);
+    cuda::DeviceProblem all(c, p);
+    alone.forward(all.tensors(), nullptr);
+    alone.check(nullptr);
+    EXPECT_EQ(got, all.download_y()[me]) << "differs from Loopback with default options";
+    EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]}));
+  }
+}
+
 // Bad input (rank 0's token count above T_max, which every rank's plan reads) is reported by
 // check() on every rank, and the layer keeps running: only a timeout leaves the ranks' counters
 // out of step, which one process cannot repair for the others.
