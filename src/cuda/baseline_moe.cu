@@ -40,6 +40,7 @@
 #include "cuda/random_fill.h"
 #include "cuda/rank_copy.h"
 #include "cuda/rank_weights.h"
+#include "cuda/tensor_checks.h"
 #include "fabric/fabric.h"
 #include "fabric/fabric_util.h"
 
@@ -196,6 +197,8 @@ struct BaselineMoe::Impl {
   std::vector<void*> w0, w1;     // [W], local ranks only
   bool have_weights = false;
   uint64_t heap_generation = 0;  // the fabric's, after this layer's allocate()
+  std::vector<int> rank_devices;  // of the local ranks, as tensor_check takes them
+  cuda::RankTensorCheck tensor_check{{"BaselineMoe", true, "rows move 16 bytes at a time"}};
   // A second layer built on this fabric reallocated the heap under this one.
   void check_heap() const {
     COMET_CHECK(fabric.heap_generation() == heap_generation,
@@ -266,6 +269,7 @@ struct BaselineMoe::Impl {
     std::vector<int> issuer(config.layout.world, 0);
     for (int r = first; r < first + num_local; ++r) {
       const int device = fabric.device_of(r);
+      rank_devices.push_back(device);
       auto it = std::find_if(lanes.begin(), lanes.end(), [&](const Lane& l) { return l.device == device; });
       if (it == lanes.end()) it = lanes.insert(lanes.end(), Lane{device});
       it->ranks.push_back(r);
@@ -774,13 +778,12 @@ void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* strea
   COMET_CHECK(!m.options.link.on() || (m.lanes.size() == 1 && m.num_local == m.config.layout.world),
               "BaselineMoe: link emulation stands for a node on one GPU; it needs every rank on one GPU (the "
               "loopback fabric), not the " << m.fabric.name() << " fabric's real links");
-  for (int r = m.first; r < m.first + m.num_local; ++r) {
-    const RankTensors& t = m.tensors(in, r);
-    COMET_CHECK(t.x && t.expert_ids && t.weights && t.num_tokens && t.y,
-                "BaselineMoe: rank " << r << " has a null tensor pointer");
-    COMET_CHECK(reinterpret_cast<uintptr_t>(t.x) % 16 == 0 && reinterpret_cast<uintptr_t>(t.y) % 16 == 0,
-                "BaselineMoe: rank " << r << "'s x or y is not 16-byte aligned (rows move 16 bytes at a time)");
-  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  COMET_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  COMET_CHECK(capture == cudaStreamCaptureStatusNone,
+              "BaselineMoe: forward() cannot be captured in a CUDA graph: it reads the ranks' token counts on "
+              "the host once per call (docs/baselines.md); MoeLayer's forward can be captured");
+  m.tensor_check.check(in, m.first, m.rank_devices, stream);
   m.check_heap();
   fabric::detail::DeviceGuard guard;
   m.begin(stream);

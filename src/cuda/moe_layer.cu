@@ -46,6 +46,7 @@
 #include "cuda/publish.h"
 #include "cuda/random_fill.h"
 #include "cuda/rank_barrier.h"
+#include "cuda/tensor_checks.h"
 #include "cuda/trace_record.cuh"
 #include "fabric/fabric.h"
 #include "fabric/fabric_util.h"
@@ -110,23 +111,6 @@ LayerConfig gpu_config(LayerConfig c) {
 LayerConfig workspace_config(LayerConfig c) {
   c.tiles.block_n1 = cuda::gemm_out_tile_n(cuda::GemmEpilogue::kIdentity, cuda::GemmKernel::kPingpong128x128);
   return c;
-}
-
-// Why `p` cannot be a tensor of a rank on `device` (empty when it can): device memory of that
-// GPU or managed memory. Anything else faults in a kernel, which leaves the context unusable.
-std::string misplaced_tensor(const void* p, int device) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return "is not memory CUDA knows";
-  }
-  switch (a.type) {
-    case cudaMemoryTypeManaged: return {};
-    case cudaMemoryTypeDevice:
-      return a.device == device ? std::string() : "is memory of GPU " + std::to_string(a.device) + ", the rank runs on GPU " + std::to_string(device);
-    case cudaMemoryTypeHost: return "is host memory";
-    default: return "is host memory CUDA does not know";
-  }
 }
 
 }  // namespace
@@ -204,7 +188,8 @@ struct MoeLayer::Impl {
   // GEMMs and copies run on that plan, so they must not switch width before a new one.
   int planned_layer1_width = 0;
   uint64_t heap_generation = 0;              // the fabric's, after this layer's allocate()
-  std::vector<RankTensors> checked_tensors;  // the pointers the last forward() checked
+  std::vector<int> rank_devices;  // ranks[i].device, as tensor_check takes them
+  cuda::RankTensorCheck tensor_check{{"MoeLayer", false, "the output is stored 16 bytes at a time"}};
   bool fused_path() const { return path.fused; }
   // SwiGLU (the presets' experts): GEMM0 + SwiGLU, fused or unfused. A plain activation (GELU,
   // ReLU, SiLU): GEMM0 with the plain-activation epilogue, which is instantiated for the ping-pong
@@ -735,43 +720,6 @@ struct MoeLayer::Impl {
     COMET_CHECK(current == ranks[0].device,
                 "MoeLayer: the current device is GPU " << current << ", the ranks run on GPU " << ranks[0].device);
   }
-  // Null, misplaced or misaligned tensors fail here, by name, instead of faulting on the device.
-  // Pointers equal to the last call's were checked then (a graph replay or a training loop
-  // passes the same ones every step). Where they are is not asked while `stream` is being
-  // captured (the graph's replays run them; a capture should change nothing else), and otherwise
-  // asked with this thread's capture mode relaxed, so that another stream's capture in global
-  // mode does not refuse the query.
-  void check_tensors(const std::vector<RankTensors>& in, cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    COMET_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    const bool locate = capture == cudaStreamCaptureStatusNone;
-    for (size_t i = 0; i < in.size(); ++i) {
-      const RankTensors& t = in[i];
-      const int r = fabric.first_local_rank() + int(i);
-      if (i < checked_tensors.size()) {
-        const RankTensors& c = checked_tensors[i];
-        if (t.x == c.x && t.expert_ids == c.expert_ids && t.weights == c.weights && t.num_tokens == c.num_tokens &&
-            t.y == c.y)
-          continue;
-      }
-      const std::pair<const char*, const void*> named[] = {
-          {"x", t.x}, {"expert_ids", t.expert_ids}, {"weights", t.weights}, {"num_tokens", t.num_tokens}, {"y", t.y}};
-      for (const auto& [name, p] : named) {
-        COMET_CHECK(p != nullptr, "MoeLayer: rank " << r << "'s " << name << " is a null pointer");
-        if (!locate) continue;
-        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-        COMET_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-        const std::string why = misplaced_tensor(p, ranks[i].device);
-        COMET_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-        COMET_CHECK(why.empty(), "MoeLayer: rank " << r << "'s " << name << " " << why
-                                                    << " (tensors are device memory of the rank's GPU)");
-      }
-      COMET_CHECK(reinterpret_cast<uintptr_t>(t.y) % 16 == 0,
-                  "MoeLayer: rank " << r << "'s y is not 16-byte aligned (the output is stored 16 bytes at a time)");
-    }
-    if (locate) checked_tensors = in;
-  }
-
   Impl(const LayerConfig& c, fabric::Fabric& f) : config(gpu_config(c)), fabric(f), layout(workspace_config(config)), plan_layout(config) {
     // Every layer1 width the options can choose must fit the column signals.
     COMET_CHECK(plan_layout.n_blocks1 <= layout.region("col_done").elements,
@@ -848,6 +796,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     Impl::Rank& k = m.ranks[i];
     k.rank = first + i;
     k.device = fabric.device_of(k.rank);
+    m.rank_devices.push_back(k.device);
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
     // Entry p of each table: a region of rank p's heap, as addressed from this rank's device.
     const std::vector<void*> heaps = fabric.peer_table_host(k.rank);
@@ -1033,7 +982,7 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
                                                                             << m.config.layout.world << ")");
   m.check_heap();
   m.check_current_device();
-  m.check_tensors(in, stream);
+  m.tensor_check.check(in, m.fabric.first_local_rank(), m.rank_devices, stream);
   // Trace buffers first: allocating them may throw, and must not once the plans advanced epochs.
   const bool traced = m.fused_path() && m.options.trace;
   if (traced) m.prepare_trace(stream);

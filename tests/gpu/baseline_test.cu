@@ -257,15 +257,40 @@ TEST(Baseline, RefusesWhatItCannotRun) {
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward({}, nullptr); }, {"set_weights"}));
   auto three = fabric::make_loopback_fabric(3);
   EXPECT_TRUE(test::throws_with<Error>([&] { BaselineMoe refused(c, *three); }, {"the fabric has 3 ranks"}));
-  // Misaligned rows, and a second layer that reallocated the fabric's heap under this one.
+  // Misaligned and misplaced rows, a capture, and a second layer that reallocated the fabric's
+  // heap under this one: each refused by name, before anything is enqueued.
   layer.set_random_weights(1);
   const MoeProblem p = make_problem(c, {40, 7}, {}, 3);
   cuda::DeviceProblem inputs(c, p);
   std::vector<RankTensors> odd = inputs.tensors();
   odd[1].y = static_cast<char*>(odd[1].y) + 2;
-  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(odd, nullptr); }, {"rank 1's x or y", "16-byte"}));
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(odd, nullptr); }, {"rank 1's y is not 16-byte aligned"}));
+  // Host memory, refused by name before anything is enqueued.
+  std::vector<uint16_t> host_x(size_t(c.max_tokens_per_rank) * c.model.hidden);
+  std::vector<RankTensors> on_host = inputs.tensors();
+  on_host[0].x = host_x.data();
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(on_host, nullptr); }, {"rank 0's x is host memory"}));
   layer.forward(inputs.tensors(), nullptr);
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto want = inputs.download_y();
+  // A capture is refused before anything is enqueued into it (the forward syncs the host): the
+  // capture ends with an empty graph, and the stream runs the next forward as usual.
+  cudaStream_t stream;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  COMET_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(inputs.tensors(), stream); },
+                                       {"cannot be captured in a CUDA graph"}));
+  cudaGraph_t graph = nullptr;
+  COMET_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  size_t nodes = 1;
+  COMET_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  EXPECT_EQ(nodes, 0u);
+  COMET_CUDA_CHECK(cudaGraphDestroy(graph));
+  inputs.poison_y();
+  layer.forward(inputs.tensors(), stream);
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
+  EXPECT_EQ(inputs.download_y(), want) << "after the refused capture";
   BaselineMoe second(c, *fabric);
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(inputs.tensors(), nullptr); }, {"reallocated"}));
 }
@@ -433,10 +458,14 @@ TEST(BaselineLocal, StreamsWeightsAndErrors) {
                                        {"tensors for 1 ranks", "this process drives 2"}));
   std::vector<RankTensors> null_y = inputs.tensors();
   null_y[1].y = nullptr;
-  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(null_y, nullptr); }, {"rank 1 has a null tensor"}));
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(null_y, nullptr); }, {"rank 1's y is a null pointer"}));
   std::vector<RankTensors> odd_x = inputs.tensors();
   odd_x[0].x = static_cast<const char*>(odd_x[0].x) + 2;
-  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(odd_x, nullptr); }, {"rank 0's x or y", "16-byte"}));
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(odd_x, nullptr); }, {"rank 0's x is not 16-byte aligned"}));
+  std::vector<RankTensors> swapped = inputs.tensors();
+  std::swap(swapped[0].x, swapped[1].x);
+  EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(swapped, nullptr); },
+                                       {"rank 0's x is memory of GPU 1, the rank runs on GPU 0"}));
   layer.set_options(chunked_baseline(2));
   want_layer.set_options(chunked_baseline(2));
   EXPECT_EQ(inputs.run(layer), run(want_layer, want_inputs)) << "after the errors";
