@@ -142,6 +142,11 @@ RoutingSpec parse_routing_spec(const std::string& text) {
 }
 
 std::vector<double> expert_load_distribution(const RoutingSpec& spec, int num_experts, uint64_t seed) {
+  COMET_CHECK(num_experts >= 1, "routing over " << num_experts << " experts");
+  // A NaN or negative parameter would skew the loads silently (parse_routing_spec refuses them
+  // in text; a spec built in code comes here unchecked).
+  COMET_CHECK(spec.kind == RoutingKind::kUniform || (std::isfinite(spec.param) && spec.param >= 0),
+              "routing " << spec.describe() << ": the parameter must be a finite number >= 0");
   std::vector<double> p(num_experts, 1.0 / num_experts);
   Rng rng(derive_seed(seed, 0x10ad));
   if (spec.kind == RoutingKind::kZipf) {

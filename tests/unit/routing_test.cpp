@@ -400,6 +400,22 @@ TEST(RoutingSpec, RejectsBadStrings) {
   }
 }
 
+// A spec built in code with a NaN, infinite or negative parameter is refused where it is used,
+// naming it (the string parser refuses them too); uniform ignores its parameter.
+TEST(RoutingSpec, BadParametersBuiltInCodeAreRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (RoutingKind kind : {RoutingKind::kZipf, RoutingKind::kImbalance})
+    for (double param : {nan, inf, -0.5}) {
+      const RoutingSpec spec{kind, param, 0.0};
+      EXPECT_TRUE(throws_with<Error>([&] { generate_routing(spec, 4, 8, 2, 1, 0); },
+                                     {"routing", "must be a finite number >= 0"}))
+          << spec.describe();
+    }
+  EXPECT_NO_THROW(generate_routing({RoutingKind::kUniform, nan, 0.0}, 4, 8, 2, 1, 0));
+  EXPECT_TRUE(throws_with<Error>([&] { generate_routing({RoutingKind::kUniform, 0, nan}, 4, 8, 2, 1, 0); },
+                                 {"mask fraction nan"}));
+}
+
 // ---- Routing::check --------------------------------------------------------------------------
 
 Routing three_tokens() {
