@@ -64,7 +64,7 @@ struct LayerBenchOptions {
   std::string fabric = "loopback";
   // Non-empty: after a row is timed, one more fused forward with LayerOptions::trace writes its
   // timeline (io/trace_writers.h) to this path, or, when the run has several rows, to the path
-  // with "-<model>-t<tokens>-n<n_comm0>-<n_comm1>-g<group>" before ".json". The SVG draws
+  // with the row's parameters before ".json" (docs/cli.md, "--trace"). The SVG draws
   // `trace_ranks` (empty: every rank); the JSON holds every rank.
   std::string trace_path;
   std::vector<int> trace_ranks{0};

@@ -862,6 +862,11 @@ void MoeLayer::set_options(const LayerOptions& o) {
               "MoeLayer: trace_chunk_capacity must be in [0, 2^31), got " << o.trace_chunk_capacity);
   const Status link = o.link.validate();
   COMET_CHECK(link.ok, "MoeLayer: " << link.reason);
+  // The emulated link stands in for the links of a node whose ranks share one GPU; ranks on GPUs
+  // of their own have real links, and pacing them too would time neither.
+  COMET_CHECK(!o.link.on() || !impl_->per_rank_streams,
+              "MoeLayer: link emulation stands for a node on one GPU; it needs every rank on one GPU (the loopback "
+              "fabric), not the " << impl_->fabric.name() << " fabric's real links");
   if (o.layer0_copies == Layer0Copies::kGemmBlocks) {
     const std::string refusal = impl_->gemm_block_copies_refusal(o.link);
     COMET_CHECK(refusal.empty(), "MoeLayer: layer0 copies in the GEMM blocks: " << refusal

@@ -15,6 +15,7 @@
 #include "layer_checks.h"
 #include "layer_rig.h"
 #include "ref/oracle.h"
+#include "support/test_support.h"
 
 namespace comet {
 namespace {
@@ -121,6 +122,19 @@ TEST(MoeLayerLocal, WithheldRankTimesOutNamingItAndRecovers) {
   LayerOptions o;
   o.path = ForwardPath::kFused;
   testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, W - 1);
+}
+
+// Ranks on GPUs of their own have real links: link emulation is refused by name (as the
+// baselines refuse it), and the layer runs as before.
+TEST(MoeLayerLocal, RefusesLinkEmulation) {
+  COMET_REQUIRE_GPUS(2);
+  const int W = std::min(visible_gpus(), 8);
+  testing::LayerRig rig(local_cases(W)[0], fabric::make_local_fabric(W));
+  LayerOptions paced;
+  paced.link.gbps = 100;
+  EXPECT_TRUE(test::throws_with<Error>([&] { rig.layer.set_options(paced); },
+                                       {"link emulation stands for a node on one GPU", "local fabric"}));
+  EXPECT_TRUE(testing::near_oracle(rig.forward(LayerOptions{}), ref::oracle_forward(rig.problem)));
 }
 
 TEST(MoeLayerLocal, RefusesTensorsForTheWrongNumberOfRanks) {
