@@ -20,6 +20,10 @@
 //   (docs/gpu_layer.md, "Ranks on several GPUs"). Every process must call forward() as often.
 // - forward() is asynchronous on `stream` and never synchronizes; a device-side problem (bad
 //   token count or expert id, a timeout) is recorded and reported by check().
+// - One forward of a layer at a time: every call uses the layer's one workspace (symmetric heap,
+//   plans, counters), so a layer's calls must be ordered on the device (one stream, or streams
+//   ordered with events); two layers, each on its own fabric, may run concurrently. A MoeLayer
+//   is not to be used from several host threads at once.
 // - config.tiles is replaced by the GPU kernels' tile shapes (block_m = 128).
 // - forward() runs the unfused pipeline (one kernel per step, docs/gpu_layer.md) or the two
 //   Comet kernels (comm blocks + GEMM blocks): LayerOptions::path. By default the faster of the
