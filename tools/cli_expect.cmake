@@ -3,14 +3,20 @@
 # CODE: the exit code expected. REGEX: matched against stderr when CODE is not 0, else stdout.
 # JSON_PASS=ON: stdout must be one JSON object whose verify.pass is true.
 # <0xff> in ARGS stands for the byte 0xFF (a path that is not UTF-8), which CMakeLists.txt
-# cannot spell portably.
+# cannot spell portably. EMPTY_LAST_ARG=ON appends one empty argument (`--out ""`), which ARGS
+# cannot carry.
 # A non-zero exit must print exactly one line, `comet: error: <reason>`, on stderr: scripts
 # that wrap the CLI show that line to users, so a stack of lines or a bare abort is a bug.
 string(ASCII 255 byte_ff)
 string(REPLACE "<0xff>" "${byte_ff}" ARGS "${ARGS}")
 separate_arguments(args UNIX_COMMAND "${ARGS}")
-execute_process(COMMAND "${EXE}" ${args}
-                RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(EMPTY_LAST_ARG)
+  execute_process(COMMAND "${EXE}" ${args} ""
+                  RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+else()
+  execute_process(COMMAND "${EXE}" ${args}
+                  RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+endif()
 string(REPLACE ";" " " shown "${ARGS}")
 if(NOT "${code}" STREQUAL "${CODE}")
   message(FATAL_ERROR "comet ${shown}: exit code ${code}, expected ${CODE}\nstdout:\n${out}\nstderr:\n${err}")

@@ -285,6 +285,7 @@ TEST(SavedRun, ReadsBackAndRecomputes) {
     ASSERT_EQ(tokens.size(), size_t(world));
   }
   int64_t total_tokens = 0;
+  double total_norm = 0;
   for (int r = 0; r < world; ++r) {
     const std::string p = "rank" + std::to_string(r) + ".";
     const StTensor& x_t = file.at(p + "x");
@@ -336,12 +337,17 @@ TEST(SavedRun, ReadsBackAndRecomputes) {
       err_y += (y[i] - want[i]) * (y[i] - want[i]);
       norm += want[i] * want[i];
     }
+    total_norm += norm;
     if (norm > 0) {
       EXPECT_LT(std::sqrt(err_oracle / norm), 1e-9) << "rank " << r << ": y_oracle is not the layer";
       EXPECT_LT(std::sqrt(err_y / norm), 1e-2) << "rank " << r << ": y is not the layer";
+    } else {  // a rank whose recomputed output is zero: the saved outputs must be zero too
+      EXPECT_EQ(err_oracle, 0.0) << "rank " << r << ": y_oracle is not the layer";
+      EXPECT_EQ(err_y, 0.0) << "rank " << r << ": y is not the layer";
     }
   }
   EXPECT_GT(total_tokens, 0);
+  EXPECT_GT(total_norm, 0.0) << "the recomputed outputs are all zero: the file's weights or inputs are empty";
 }
 
 }  // namespace

@@ -275,7 +275,7 @@ void check_run(const GemmProblem& p, const GemmRun& run) {
   }
   EXPECT_EQ(bad, 0) << "elements outside tolerance";
   if (ref2 > 0) EXPECT_LT(std::sqrt(diff2 / ref2), 5e-3);
-  // The GPU reference itself against the fp64 oracle, on samples from every expert.
+  // The kernel and the GPU reference against the fp64 oracle, on samples from every expert.
   Rng rng(c.seed ^ 0x5a5a);
   for (int e = 0; e < int(c.rows.size()); ++e) {
     for (int s = 0; s < std::min(c.rows[e], 8); ++s) {
@@ -284,6 +284,9 @@ void check_run(const GemmProblem& p, const GemmRun& run) {
       const double want = oracle_element(p, row, col);
       const float got = bf16_bits_to_float(run.d[size_t(row) * c.n + col]);
       EXPECT_NEAR(got, want, 1e-2 * std::abs(want) + 1e-2 * rms) << "oracle sample row " << row << " col " << col;
+      // The reference (fp32, unrounded) is checked too, so that it cannot drift with the kernel.
+      EXPECT_NEAR(run.reference[size_t(row) * c.n + col], want, 1e-3 * std::abs(want) + 1e-3 * rms)
+          << "reference sample row " << row << " col " << col;
     }
   }
 }
