@@ -59,23 +59,30 @@ TEST(Oracle, HandComputedRelu) {
   EXPECT_DOUBLE_EQ(y[1][1], 0.0);
 }
 
-// One token, one expert of width 1: y = w_down * gelu(x * w_up), GELU the exact erf form
-// (gelu(1) = 0.8413447460685429; the tanh approximation gives 0.8411919906082768).
-TEST(Oracle, HandComputedGeluIsTheErfForm) {
+// One expert of width 1 (H = F = 1) on one rank, fp32; token t has x = xs[t] and routing weight
+// ws[t]. The weights are set by the caller.
+MoeProblem width_one_problem(Activation act, const std::vector<float>& xs, const std::vector<float>& ws) {
   MoeProblem p;
-  p.config.model = {"hand-gelu", 1, 1, 1, 1, Activation::kGelu};
+  p.config.model = {"hand", 1, 1, 1, 1, act};
   p.config.layout = {1, 1, 1};
-  p.config.max_tokens_per_rank = 1;
+  p.config.max_tokens_per_rank = int(xs.size());
   p.config.dtype = DType::kF32;
+  p.x = {xs};
+  Routing r;
+  r.num_tokens = int(xs.size());
+  r.topk = 1;
+  r.expert_ids.assign(xs.size(), 0);
+  r.weights = ws;
+  p.routing = {r};
+  return p;
+}
+
+// y = w_down * gelu(x * w_up), GELU the exact erf form (gelu(1) = 0.8413447460685429; the tanh
+// approximation gives 0.8411919906082768).
+TEST(Oracle, HandComputedGeluIsTheErfForm) {
+  MoeProblem p = width_one_problem(Activation::kGelu, {1}, {1.0f});
   p.weights.w_up = {1};
   p.weights.w_down = {2};
-  p.x = {{1}};
-  Routing r;
-  r.num_tokens = 1;
-  r.topk = 1;
-  r.expert_ids = {0};
-  r.weights = {1.0f};
-  p.routing = {r};
   const auto y = oracle_forward(p);
   ASSERT_EQ(y.size(), 1u);
   ASSERT_EQ(y[0].size(), 1u);
@@ -83,21 +90,10 @@ TEST(Oracle, HandComputedGeluIsTheErfForm) {
 }
 
 TEST(Oracle, HandComputedSwiGlu) {
-  MoeProblem p;
-  p.config.model = {"hand-swiglu", 1, 1, 1, 1, Activation::kSwiGlu};
-  p.config.layout = {1, 1, 1};
-  p.config.max_tokens_per_rank = 2;
-  p.config.dtype = DType::kF32;
+  MoeProblem p = width_one_problem(Activation::kSwiGlu, {2, -1}, {1.0f, 0.5f});
   p.weights.w_gate = {1};
   p.weights.w_up = {3};
   p.weights.w_down = {0.5f};
-  p.x = {{2, -1}};
-  Routing r;
-  r.num_tokens = 2;
-  r.topk = 1;
-  r.expert_ids = {0, 0};
-  r.weights = {1.0f, 0.5f};
-  p.routing = {r};
   const auto y = oracle_forward(p);
   const auto silu = [](double v) { return v / (1 + std::exp(-v)); };
   ASSERT_EQ(y.size(), 1u);
