@@ -28,11 +28,13 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -60,24 +62,57 @@ constexpr int kMaxDrainReads = 256;
   throw Error("launch: " + what + ": " + std::strerror(err));
 }
 
+// ---- output: a slow reader must not stop the supervision -----------------------------------
+// While the run goes on, output waits for whoever reads our stdout and stderr; once the run's
+// deadline has passed or the run is being stopped (a signal, a failed rank), it waits no
+// more: what the reader does not take at once is dropped, so that the timeout and the stop
+// still happen when the reader is stuck (a paused pager, a full log pipe).
+volatile sig_atomic_t g_stop_signals = 0;  // stop signals received so far (see on_signal)
+bool g_output_impatient = false;           // set when the run starts stopping
+Clock::time_point g_output_deadline = Clock::time_point::max();
+
+bool output_may_wait() {
+  return g_stop_signals == 0 && !g_output_impatient && Clock::now() < g_output_deadline;
+}
+
 // Everything, or as much as the reader takes: when whoever reads our stdout has gone away
-// (EPIPE) the rest is dropped, because the ranks must still be supervised to the end.
+// (EPIPE) the rest is dropped, because the ranks must still be supervised to the end. Writes
+// go out once poll() says the fd takes them, at most PIPE_BUF bytes at a time, which a pipe
+// that polls writable takes without blocking.
 void write_all(int fd, std::string_view text) {
   const char* p = text.data();
   size_t left = text.size();
   while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
+    pollfd pfd{fd, POLLOUT, 0};
+    const int ready = ::poll(&pfd, 1, 100);
+    if (ready < 0 && errno != EINTR) return;
+    if (ready <= 0) {
+      if (!output_may_wait()) return;
+      continue;
+    }
+    const ssize_t n = ::write(fd, p, std::min<size_t>(left, PIPE_BUF));
     if (n > 0) {
       p += n;
       left -= size_t(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd pfd{fd, POLLOUT, 0};
-      ::poll(&pfd, 1, 100);
+    } else if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!output_may_wait()) return;
     } else {
       return;
     }
+  }
+}
+
+// The first PATH entry holding a file named `cmd`, or "".
+std::string find_in_path(const std::string& cmd) {
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "";
+  while (true) {
+    const size_t colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + cmd;
+    if (::access(candidate.c_str(), F_OK) == 0) return candidate;
+    if (colon == std::string_view::npos) return "";
+    dirs.remove_prefix(colon + 1);
   }
 }
 
@@ -91,7 +126,6 @@ std::string seconds_text(double s) {
 
 // ---- signals: handlers write one byte to a non-blocking self-pipe --------------------------
 int g_wake_write_fd = -1;
-volatile sig_atomic_t g_stop_signals = 0;  // SIGINT/SIGTERM received so far
 volatile sig_atomic_t g_last_stop_signal = 0;
 
 void on_signal(int sig) {
@@ -106,7 +140,10 @@ void on_signal(int sig) {
   errno = saved_errno;
 }
 
-constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM};
+// Every signal but SIGCHLD stops the run: SIGHUP (the terminal or ssh session went away) and
+// SIGQUIT too, so that ranks are not left running on their GPUs. (SIGKILL cannot be caught:
+// each rank asks the kernel to kill it when the launcher dies, PR_SET_PDEATHSIG.)
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 // Installs the handlers and the self-pipe for its lifetime; restores what was there before.
 class SignalScope {
@@ -115,6 +152,8 @@ class SignalScope {
     if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw_system("pipe", errno);
     g_wake_write_fd = wake_[1];
     g_stop_signals = 0;
+    g_output_impatient = false;
+    g_output_deadline = Clock::time_point::max();
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_NOCLDSTOP;  // a stopped rank is not an exited one
@@ -315,6 +354,7 @@ void Launcher::spawn(int rank) {
   sigset_t all, saved_mask;
   sigfillset(&all);
   ::sigprocmask(SIG_BLOCK, &all, &saved_mask);
+  const pid_t launcher_pid = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
     struct sigaction dfl {};
@@ -325,6 +365,10 @@ void Launcher::spawn(int rank) {
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::setpgid(0, 0);
+    // Killed with the launcher, whatever ends it (SIGKILL included); a launcher that died
+    // between fork and here is seen as a new parent.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher_pid) ::_exit(127);
     ::dup2(devnull_, 0);
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);
@@ -354,9 +398,16 @@ void Launcher::spawn(int rank) {
   ::close(exec_pipe[0]);
   if (n == ssize_t(sizeof exec_errno)) {
     const std::string& cmd = spec_.argv[0];
-    const bool searched = cmd.find('/') == std::string::npos;
-    const std::string why = exec_errno == ENOENT && searched ? "command not found (searched PATH)"
-                                                             : std::strerror(exec_errno);
+    std::string why = std::strerror(exec_errno);
+    if (exec_errno == ENOENT) {
+      // ENOENT also comes from an existing file whose interpreter (its #! line) is missing.
+      const bool searched = cmd.find('/') == std::string::npos;
+      const std::string found = searched ? find_in_path(cmd) : (::access(cmd.c_str(), F_OK) == 0 ? cmd : "");
+      if (!found.empty())
+        why = "\"" + found + "\" exists, but its interpreter (its #! line) or a library it needs was not found";
+      else if (searched)
+        why = "command not found (searched PATH)";
+    }
     throw LaunchExecError("launch: rank " + std::to_string(rank) + " cannot run \"" + cmd + "\": " + why);
   }
   for (OutputStream& s : r.streams) ::fcntl(s.fd, F_SETFL, ::fcntl(s.fd, F_GETFL) | O_NONBLOCK);
@@ -415,6 +466,7 @@ void Launcher::signal_groups(int sig) {
 
 void Launcher::begin_stop(int sig, int exit_code) {
   stopping_ = true;
+  g_output_impatient = true;
   exit_code_ = exit_code;
   kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.grace_s));
   signal_groups(sig);
@@ -469,6 +521,7 @@ int Launcher::run() {
   const bool has_timeout = spec_.timeout_s > 0;
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.timeout_s));
+  if (has_timeout) g_output_deadline = deadline;
   sig_atomic_t stop_signals_seen = 0;
   std::vector<pollfd> fds;
   std::vector<std::pair<Rank*, OutputStream*>> fd_owner;
@@ -506,8 +559,9 @@ int Launcher::run() {
 
     // Wait for output, a signal (a rank's exit is SIGCHLD) or the next deadline.
     int wait_ms = -1;
-    const auto ms_until = [&](Clock::time_point t) {
-      return int(std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(t - now).count()));
+    const auto ms_until = [&](Clock::time_point t) {  // poll() takes an int: at most ~24 days
+      const int64_t ms = std::chrono::ceil<std::chrono::milliseconds>(t - now).count();
+      return int(std::clamp<int64_t>(ms, 0, INT_MAX));
     };
     if (!stopping_ && has_timeout) wait_ms = ms_until(deadline);
     if (stopping_ && !killed_) wait_ms = ms_until(kill_at_);

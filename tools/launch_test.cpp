@@ -272,8 +272,9 @@ TEST_F(LaunchTest, TimeoutNamesTheRanksStillRunning) {
       << shown(o);
 }
 
-// SIGINT and SIGTERM to the launcher reach every rank, and what the ranks started in the
-// background (which a non-interactive sh starts with SIGINT ignored) ends too.
+// SIGINT, SIGTERM, SIGHUP (a closed terminal or ssh session) and SIGQUIT to the launcher reach
+// every rank, and what the ranks started in the background (which a non-interactive sh starts
+// with SIGINT ignored) ends too.
 class LaunchSignalTest : public LaunchTest, public ::testing::WithParamInterface<std::pair<const char*, int>> {};
 
 TEST_P(LaunchSignalTest, SignalIsForwardedAndEveryRankStops) {
@@ -305,8 +306,52 @@ wait $launcher)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest,
-                         ::testing::Values(std::make_pair("TERM", SIGTERM), std::make_pair("INT", SIGINT)),
+                         ::testing::Values(std::make_pair("TERM", SIGTERM), std::make_pair("INT", SIGINT),
+                                           std::make_pair("HUP", SIGHUP), std::make_pair("QUIT", SIGQUIT)),
                          [](const auto& info) { return std::string(info.param.first); });
+
+// SIGKILL cannot be forwarded: the kernel kills each rank when the launcher dies.
+TEST_F(LaunchTest, RanksDieWithAKilledLauncher) {
+  const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c 'echo $$ > "$WORK/pid.$RANK"; exec sleep 60' &
+launcher=$!
+i=0
+while [ $i -lt 400 ] && ! { [ -s "$WORK/pid.0" ] && [ -s "$WORK/pid.1" ]; }; do sleep 0.05; i=$((i+1)); done
+sleep 0.2
+kill -KILL $launcher
+wait $launcher)");
+  EXPECT_EQ(o.code, 128 + SIGKILL) << shown(o);
+  for (int r = 0; r < 2; ++r) {
+    std::string pid = read_text(work_ / ("pid." + std::to_string(r)));
+    pid.erase(pid.find_last_not_of(" \n") + 1);
+    ASSERT_FALSE(pid.empty());
+    EXPECT_TRUE(process_ends_within(pid, 5)) << "rank " << r << " (" << pid << ") outlived the killed launcher";
+  }
+}
+
+// A reader that stops taking the launcher's output (a paused pager, a full log pipe) does not
+// hold off the timeout: the rank's output beyond what the pipe takes is dropped once it fires.
+TEST_F(LaunchTest, StuckReaderDoesNotHoldOffTheTimeout) {
+  const Outcome o = sh(R"sh(start=$(date +%s%N)
+{ "$COMET" launch -n 1 --timeout-s 1 -- sh -c 'head -c 4000000 /dev/zero | tr "\0" x; echo; sleep 60'
+  echo "code $? ms $(( ($(date +%s%N) - start) / 1000000 ))" > "$WORK/result"; } | { sleep 8; cat > /dev/null; }
+cat "$WORK/result")sh");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.out, m, std::regex("code (\\d+) ms (\\d+)"))) << shown(o);
+  EXPECT_EQ(m[1].str(), "124") << shown(o);
+  EXPECT_LT(std::stoi(m[2].str()), 6000) << "the launcher waited for the reader; " << shown(o);
+}
+
+// A script whose interpreter is missing fails with ENOENT like a missing command; the message
+// tells them apart.
+TEST_F(LaunchTest, MissingInterpreterIsNamed) {
+  const Outcome o = sh(R"(printf '#!/comet-no-such-interpreter\necho hi\n' > "$WORK/script"
+chmod +x "$WORK/script"
+"$COMET" launch -n 1 -- "$WORK/script")");
+  EXPECT_EQ(o.code, 2) << shown(o);
+  EXPECT_NE(o.err.find("exists, but its interpreter (its #! line) or a library it needs was not found"),
+            std::string::npos)
+      << shown(o);
+}
 
 TEST_F(LaunchTest, ExecFailureIsOneErrorLineAndLeavesNothing) {
   const Outcome o = sh(R"(TMPDIR="$WORK" "$COMET" launch -n 3 -- comet-no-such-command --flag)");
