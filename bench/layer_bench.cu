@@ -154,18 +154,23 @@ struct Baselines {
 // Verifies every baseline variant against `want` (Comet's unfused output on the same inputs)
 // before anything of it is timed, and picks the faster cuBLAS variant with a short timing.
 // Leaves `b.layer` empty (and says why in the row) when the device has too little memory left.
+// `layer_fabric` (the Comet layer's) decides with the other ranks: with one process per rank,
+// each sees only its own GPU's free memory, and making the baselines' fabric is collective.
 void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const Inputs& in, int tokens,
-                       const std::vector<uint16_t>& want, cudaStream_t stream, const Align& align, LayerBenchRow& row,
-                       Baselines& b) {
+                       const std::vector<uint16_t>& want, cudaStream_t stream, const Align& align,
+                       fabric::Fabric& layer_fabric, LayerBenchRow& row, Baselines& b) {
   size_t free_bytes = 0, total_bytes = 0;
   COMET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   // device_bytes counts every rank; with one GPU per rank, each holds one rank's share.
   const int64_t need = BaselineMoe::device_bytes(c) / (o.fabric == "loopback" ? 1 : c.layout.world);
-  if (double(need) > 0.9 * double(free_bytes)) {
+  const bool fits_here = double(need) <= 0.9 * double(free_bytes);
+  const bool fits_everywhere = layer_fabric.min_max(fits_here, "whether the baselines fit in GPU memory").first == 1;
+  if (!fits_everywhere) {
     std::ostringstream os;
     os.precision(1);
     os << std::fixed << "baselines not run: they need " << need / double(1 << 30) << " GiB, "
-       << free_bytes / double(1 << 30) << " GiB free next to the Comet layer";
+       << free_bytes / double(1 << 30) << " GiB free next to the Comet layer"
+       << (fits_here ? " here, less on another rank's GPU" : "");
     row.baseline_note = os.str();
     return;
   }
@@ -177,7 +182,7 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
     b.layer->set_options(with_link(options, o.link));
     poison_all_y(c, in, tokens);
     b.layer->forward(in.tensors, stream);
-    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    b.fabric->wait(stream, "a baseline forward");
     const ref::Comparison cmp = compare_bf16(download_all_y(c, in, tokens), want);
     row.baseline_rel_l2 = std::max(row.baseline_rel_l2, cmp.non_finite ? INFINITY : cmp.rel_l2);
     row.baselines_match = row.baselines_match && cmp.within(ref::tolerance_for(DType::kBF16));
@@ -254,7 +259,13 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
   const std::vector<std::string> models = o.models.empty() ? ModelPresets::names() : o.models;
   std::vector<LayerBenchRow> rows;
   if (o.fabric == "nccl")  // the stream below must live on this rank's GPU (comet/layer.h)
-    if (const std::optional<ProcessEnv> env = read_process_env()) COMET_CUDA_CHECK(cudaSetDevice(env->local_rank));
+    if (const std::optional<ProcessEnv> env = read_process_env()) {
+      int devices = 0;
+      COMET_CUDA_CHECK(cudaGetDeviceCount(&devices));
+      COMET_CHECK(env->local_rank < devices, "LOCAL_RANK=" << env->local_rank << " but only " << devices
+                                                           << " GPU(s) are visible to this process (CUDA_VISIBLE_DEVICES?)");
+      COMET_CUDA_CHECK(cudaSetDevice(env->local_rank));
+    }
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Workloads: layout-major, then model, tokens per rank and routing.
@@ -313,7 +324,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     Baselines base;
     const Align align = [&layer](cudaStream_t st) { layer.run_part(MoeLayer::Part::kBarrier, st); };
     if (o.baselines)
-      prepare_baselines(c, o, *in, tokens, want, stream, align, baseline_row, base);
+      prepare_baselines(c, o, *in, tokens, want, stream, align, *fabric, baseline_row, base);
     for (int n0 : o.n_comm0)
       for (int n1 : o.n_comm1)
         for (int group : o.layer0_group_m)

@@ -230,7 +230,13 @@ struct BaselineMoe::Impl {
     cudaGetDevice(&saved);
     for (Lane& l : lanes) {
       cudaSetDevice(l.device);
-      for (cudaStream_t s : {l.own, l.comm, l.compute}) if (s) cudaStreamSynchronize(s);
+      for (cudaStream_t s : {l.own, l.comm, l.compute}) {
+        if (!s) continue;
+        try {  // bounded on the Nccl fabric (a peer that is gone); then the streams are idle
+          fabric.wait(s, "the baseline's last work, before freeing its buffers");
+        } catch (...) {
+        }
+      }
       l.cublas.reset();
       if (l.upload) cudaFree(l.upload);
       if (l.gather_segments) cudaFree(l.gather_segments);
@@ -423,7 +429,8 @@ struct BaselineMoe::Impl {
     COMET_CUDA_CHECK(cudaMemcpyAsync(host_rows, at(home.ranks[0], heap.count_table),
                                      size_t(config.layout.world) * dims.count_row_len * 4, cudaMemcpyDeviceToHost,
                                      home.main));
-    COMET_CUDA_CHECK(cudaStreamSynchronize(home.main));
+    // Bounded on the Nccl fabric: a peer that never sends its counts fails the call by name.
+    fabric.wait(home.main, "the baseline's exchange of token counts");
   }
 
   // Step 3: the layout, the all-to-alls and the GEMM shapes of this call, staged and uploaded.

@@ -53,9 +53,20 @@ void Fabric::all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream)
 }
 
 void Fabric::agree(uint64_t value, const std::string& what, const std::string& shown) {
-  COMET_CHECK(run_agree(value, what), "fabric " << name() << ": the ranks disagree on " << what << " (this rank, "
-                                                << first_local_rank() << ": " << shown
-                                                << "); every rank must build the same one");
+  const auto [low, high] = run_min_max(value, what);
+  COMET_CHECK(low == high, "fabric " << name() << ": the ranks disagree on " << what << " (this rank, "
+                                     << first_local_rank() << ": " << shown << "); every rank must build the same one");
+}
+
+std::pair<uint64_t, uint64_t> Fabric::min_max(uint64_t value, const std::string& what) {
+  return run_min_max(value, what);
+}
+
+void Fabric::wait(CUstream_st* stream, const std::string& what) { run_wait(stream, what); }
+
+void Fabric::run_wait(CUstream_st* stream, const std::string& what) {
+  (void)what;
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void Fabric::allocate(int64_t bytes_per_rank) {

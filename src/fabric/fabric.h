@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct CUstream_st;  // what cudaStream_t points to, without the CUDA headers
@@ -71,6 +72,16 @@ class Fabric {
   // the message names `what` and this rank's `shown` (a layer passes a hash of its config and
   // the config in words). Loopback and Local: one process builds every rank, nothing to agree.
   void agree(uint64_t value, const std::string& what, const std::string& shown);
+  // Collective: the smallest and the largest `value` over every rank (Nccl: one allreduce);
+  // Loopback and Local: one process, {value, value}. For decisions every rank must take alike
+  // from what only each rank can see (its free memory, say): take the minimum.
+  std::pair<uint64_t, uint64_t> min_max(uint64_t value, const std::string& what);
+  // Waits for `stream` after work that involves other ranks (all_to_all_v, barrier kernels).
+  // Loopback and Local: cudaStreamSynchronize. Nccl: at most the fabric's timeout, watching the
+  // communicator for a peer's failure meanwhile; a timeout or a failure aborts the communicator
+  // (the other ranks then fail too instead of waiting) and throws comet::TimeoutError or
+  // comet::Error naming `what`. Not for use inside CUDA graph capture.
+  void wait(CUstream_st* stream, const std::string& what);
   // How many times allocate() has returned: a layer notes it after its own allocate() and
   // refuses to run once another object reallocated the heap under it (its device tables would
   // point into freed memory).
@@ -113,12 +124,13 @@ class Fabric {
   virtual void run_all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream) = 0;
   // allocate() itself.
   virtual void run_allocate(int64_t bytes_per_rank) = 0;
-  // agree() across processes: whether every rank passed `value` (the Nccl fabric's allreduce).
-  virtual bool run_agree(uint64_t value, const std::string& what) {
-    (void)value;
+  // min_max() across processes (the Nccl fabric's allreduce); one process: {value, value}.
+  virtual std::pair<uint64_t, uint64_t> run_min_max(uint64_t value, const std::string& what) {
     (void)what;
-    return true;
+    return {value, value};
   }
+  // wait() itself; one process: cudaStreamSynchronize.
+  virtual void run_wait(CUstream_st* stream, const std::string& what);
   uint64_t heap_generation_ = 0;
 };
 

@@ -36,6 +36,11 @@ TEST(LoopbackFabric, EveryRankIsLocal) {
   const std::vector<void*> table = f->peer_table_host(1);
   ASSERT_EQ(table.size(), 3u);
   for (int p = 0; p < 3; ++p) EXPECT_EQ(table[p], f->base(p)) << "peer " << p;
+  // One process builds every rank: min_max is the value itself, agree() always holds, and
+  // wait() synchronizes the stream.
+  EXPECT_EQ(f->min_max(42, "a value"), std::make_pair(uint64_t(42), uint64_t(42)));
+  f->agree(7, "a value", "7");
+  f->wait(nullptr, "nothing");
 }
 
 // Each rank writes a tagged block into every peer's heap through its table; the owner reads

@@ -159,6 +159,32 @@ TEST(NcclFabricRun, AllToAllVUnevenSizes) {
   COMET_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// min_max over ranks with different values (2^40 + 3r: past 32 bits), and wait() on a stream
+// that carried an all_to_all_v.
+TEST(NcclFabricRun, MinMaxAndWait) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  Fabric& f = Run::instance->fabric();
+  const int W = f.world(), r = f.first_local_rank();
+  const uint64_t base = uint64_t(1) << 40;
+  const auto [low, high] = f.min_max(base + 3 * uint64_t(r), "a test value");
+  EXPECT_EQ(low, base);
+  EXPECT_EQ(high, base + 3 * uint64_t(W - 1));
+  cudaStream_t stream;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::vector<int64_t> bytes(W, 64), offsets = [&] {
+    std::vector<int64_t> o(W);
+    for (int p = 0; p < W; ++p) o[p] = 64 * p;
+    return o;
+  }();
+  DeviceBuffer<uint8_t> send(std::vector<uint8_t>(size_t(64 * W), uint8_t(r))), recv{size_t(64 * W)};
+  f.all_to_all_v(send.get(), bytes.data(), offsets.data(), recv.get(), bytes.data(), offsets.data(), stream);
+  f.wait(stream, "a test exchange");
+  const std::vector<uint8_t> got = recv.download();
+  for (int p = 0; p < W; ++p) EXPECT_EQ(got[size_t(64 * p)], uint8_t(p)) << "from rank " << p;
+  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 TEST(NcclFabricRun, HeapSizeMismatchFailsOnEveryRank) {
   COMET_REQUIRE_RUN();
   SCOPED_TRACE(who());
