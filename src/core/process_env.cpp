@@ -1,6 +1,8 @@
 // Reading the process environment (core/process_env.h).
 #include "core/process_env.h"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <cmath>
 #include <sstream>
@@ -63,7 +65,7 @@ std::string file_name_part(const std::string& text) {
 
 // torchrun has no file of ours: name one under /tmp from what identifies the run. Every
 // rank of the run sees the same variables, so every rank derives the same name.
-void derive_bootstrap_file(const Getter& get, ProcessEnv& env) {
+void derive_bootstrap_file(const Getter& get, long parent_pid, ProcessEnv& env) {
   const auto run_id = lookup(get, "TORCHELASTIC_RUN_ID");
   const auto addr = lookup(get, "MASTER_ADDR");
   const auto port = lookup(get, "MASTER_PORT");
@@ -77,8 +79,10 @@ void derive_bootstrap_file(const Getter& get, ProcessEnv& env) {
   source << "derived from";
   const char* sep = " ";
   if (run_id) {
-    name += "-run-" + file_name_part(*run_id);
-    source << sep << "TORCHELASTIC_RUN_ID=" << *run_id;
+    // torchrun's agent starts every rank of the node: its pid separates runs that reuse a run
+    // id and port ("none" and 29500 by default) from a file a killed earlier run left behind.
+    name += "-run-" + file_name_part(*run_id) + "-agent-" + std::to_string(parent_pid);
+    source << sep << "TORCHELASTIC_RUN_ID=" << *run_id << " (agent process " << parent_pid << ")";
     sep = ", ";
   }
   if (addr && port) {
@@ -96,7 +100,9 @@ void derive_bootstrap_file(const Getter& get, ProcessEnv& env) {
 
 }  // namespace
 
-std::optional<ProcessEnv> read_process_env(const Getter& get) {
+long parent_process_id() { return long(::getppid()); }
+
+std::optional<ProcessEnv> read_process_env(const Getter& get, long parent_pid) {
   const auto global = read_pair(get, "RANK", "WORLD_SIZE");
   if (!global) return std::nullopt;
   ProcessEnv env;
@@ -124,7 +130,7 @@ std::optional<ProcessEnv> read_process_env(const Getter& get) {
     env.bootstrap_file = *file;
     env.source = "COMET_BOOTSTRAP_FILE";
   } else {
-    derive_bootstrap_file(get, env);
+    derive_bootstrap_file(get, parent_pid, env);
   }
   return env;
 }

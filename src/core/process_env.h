@@ -17,8 +17,10 @@
 //                                (bootstrap file, communicator set-up, barriers); default 60
 //
 // Pitfall: the derived /tmp name must differ between runs that could overlap or leave a file
-// behind; it includes the run id, master address and port and the restart count, and rank 0
-// deletes the file once every rank has joined.
+// behind; it includes the run id, master address and port and the restart count, and under
+// torchrun (TORCHELASTIC_RUN_ID set) the parent process id: torchrun's agent, which starts every
+// rank of a node, so a file that a killed earlier run left under the same run id and port is
+// never read. Rank 0 deletes the file once every rank has joined, or when the join fails.
 #pragma once
 
 #include <cstdlib>
@@ -43,13 +45,18 @@ struct ProcessEnv {
   double timeout_s = kDefaultFabricTimeoutS;
 };
 
-// Reads the variables above through `get` (std::getenv by default; tests pass a fake).
+// The id of the process that started this one (getppid()).
+long parent_process_id();
+
+// Reads the variables above through `get` (std::getenv by default; tests pass a fake) and, for
+// a derived bootstrap file under torchrun, the parent process id `parent_pid`.
 // Returns nullopt when RANK and WORLD_SIZE are both unset. Throws comet::Error naming the
 // variable for a malformed or inconsistent value: not a decimal integer, only one of a pair
 // set, WORLD_SIZE outside [1, 64], RANK outside [0, WORLD_SIZE), LOCAL_WORLD_SIZE outside
 // [1, WORLD_SIZE], LOCAL_RANK outside [0, LOCAL_WORLD_SIZE), a timeout that is not a positive
 // number, or no way to name a bootstrap file.
 std::optional<ProcessEnv> read_process_env(
-    const std::function<const char*(const char*)>& get = [](const char* name) { return std::getenv(name); });
+    const std::function<const char*(const char*)>& get = [](const char* name) { return std::getenv(name); },
+    long parent_pid = parent_process_id());
 
 }  // namespace comet

@@ -55,6 +55,9 @@ std::string describe(const DeviceError& e) {
   if (e.layer >= 0) os << "layer" << e.layer << " ";
   os << "block " << e.block << ": timed out waiting for " << wait_role_name(WaitRole(e.role))
      << ", signal " << e.signal << " >= " << e.expected << ", observed " << e.observed;
+  if (e.role == int32_t(WaitRole::kBarrier) && e.expected > e.observed)
+    os << " (" << e.expected - e.observed << " arrival(s) of other ranks missing: a peer stopped, failed before this "
+       << "barrier, or runs another sequence of forwards)";
   return os.str();
 }
 

@@ -173,18 +173,25 @@ class NcclFabric final : public Fabric {
     barrier_on(stream_, "the end of allocate()");
   }
 
-  bool run_agree(uint64_t value, const std::string& what) override {
+  std::pair<uint64_t, uint64_t> run_min_max(uint64_t value, const std::string& what) override {
     check_usable();
     DeviceGuard guard;
     COMET_CUDA_CHECK(cudaSetDevice(env_.local_rank));
     // allreduce(max) over {value, ~value}: the largest value and the complement of the smallest;
-    // every rank sees the same pair, so all of them throw or none does.
+    // every rank sees the same pair.
     uint64_t v[2] = {value, ~value};
     COMET_CUDA_CHECK(cudaMemcpyAsync(scratch_, v, sizeof v, cudaMemcpyHostToDevice, stream_));
     finish(ncclAllReduce(scratch_, scratch_, 2, ncclUint64, ncclMax, comm_, stream_), "agreeing on " + what);
     wait_stream(stream_, "agreeing on " + what);
     COMET_CUDA_CHECK(cudaMemcpy(v, scratch_, sizeof v, cudaMemcpyDeviceToHost));
-    return v[0] == ~v[1];
+    return {~v[1], v[0]};
+  }
+
+  void run_wait(CUstream_st* stream, const std::string& what) override {
+    check_usable();
+    DeviceGuard guard;
+    COMET_CUDA_CHECK(cudaSetDevice(env_.local_rank));
+    wait_stream(stream, what);
   }
 
   void barrier(CUstream_st* stream) override {
@@ -242,8 +249,13 @@ class NcclFabric final : public Fabric {
     }
     std::ostringstream joining;
     joining << "waiting for all " << env_.world << " ranks to join the communicator (did every rank start, with "
-            << "the same WORLD_SIZE and bootstrap file " << bootstrap_path_ << "?)";
-    wait_comm(joining.str());
+            << "a distinct RANK, the same WORLD_SIZE and bootstrap file " << bootstrap_path_ << "?)";
+    try {
+      wait_comm(joining.str());
+    } catch (...) {
+      if (env_.rank == 0) remove_bootstrap_file(bootstrap_path_);  // no later run may read this id
+      throw;
+    }
     if (env_.rank == 0) remove_bootstrap_file(bootstrap_path_);
 
     // 5. Load/store access to every rank is what the kernels need (ncclTeamLsa sets up NCCL's
@@ -304,11 +316,13 @@ class NcclFabric final : public Fabric {
     } catch (...) {
       // A rank left, or NCCL failed: fall through to the local teardown.
     }
+    // The abort first: it ends NCCL kernels that wait for a peer that is gone, and cudaFree
+    // below synchronizes the device (it would wait for them forever).
+    abort_comm();  // also drops the window registration
+    window_ = nullptr;
     if (table_) cudaFree(table_);
     table_ = nullptr;
     table_host_.clear();
-    abort_comm();  // also drops the window registration
-    window_ = nullptr;
     if (heap_) ncclMemFree(heap_);
     heap_ = nullptr;
     if (scratch_) cudaFree(scratch_);

@@ -336,6 +336,11 @@ TEST(DeviceError, DescribesInputErrorsAndTimeouts) {
                             .signal = 5, .layer = 0, .expected = 128, .observed = 64};
   EXPECT_EQ(describe(timeout), "rank 1 layer0 block 37: timed out waiting for GEMM tile input (rows of an M tile), "
                                "signal 5 >= 128, observed 64");
+  const DeviceError barrier{.claimed = 1, .rank = 0, .role = int32_t(WaitRole::kBarrier), .block = 0,
+                            .signal = 1, .expected = 4, .observed = 3};
+  EXPECT_EQ(describe(barrier), "rank 0 block 0: timed out waiting for " + std::string(wait_role_name(WaitRole::kBarrier)) +
+                                   ", signal 1 >= 4, observed 3 (1 arrival(s) of other ranks missing: a peer stopped, "
+                                   "failed before this barrier, or runs another sequence of forwards)");
   EXPECT_EQ(describe(DeviceError{}), "no error");
 }
 

@@ -21,11 +21,14 @@ using test::contains;
 using test::throws_with;
 using Vars = std::map<std::string, std::string>;
 
-std::optional<ProcessEnv> read(const Vars& vars) {
-  return read_process_env([&vars](const char* name) -> const char* {
-    const auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  });
+// `parent_pid`: the process that started this one (under torchrun its agent).
+std::optional<ProcessEnv> read(const Vars& vars, long parent_pid = 4242) {
+  return read_process_env(
+      [&vars](const char* name) -> const char* {
+        const auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      },
+      parent_pid);
 }
 
 // What `comet launch -n 4` exports for its third process.
@@ -87,8 +90,8 @@ TEST(ProcessEnv, TorchrunDerivesAFileFromTheRun) {
   v["TORCHELASTIC_RESTART_COUNT"] = "1";
   const auto env = read(v);
   ASSERT_TRUE(env.has_value());
-  EXPECT_EQ(env->bootstrap_file, "/tmp/comet-bootstrap-run-job_42_x-master-127.0.0.1-29500-restart-1.id");
-  EXPECT_TRUE(contains(env->source, "TORCHELASTIC_RUN_ID=job/42 x"));
+  EXPECT_EQ(env->bootstrap_file, "/tmp/comet-bootstrap-run-job_42_x-agent-4242-master-127.0.0.1-29500-restart-1.id");
+  EXPECT_TRUE(contains(env->source, "TORCHELASTIC_RUN_ID=job/42 x (agent process 4242)"));
   EXPECT_TRUE(contains(env->source, "MASTER_PORT=29500"));
 
   // Every rank of the run derives the same name; another port (another run) another one.
@@ -102,15 +105,19 @@ TEST(ProcessEnv, TorchrunDerivesAFileFromTheRun) {
   Vars restarted = v;
   restarted["TORCHELASTIC_RESTART_COUNT"] = "2";
   EXPECT_NE(read(restarted)->bootstrap_file, env->bootstrap_file);
+  // A later run with the same run id and port has another agent: a file a killed run left
+  // behind is not read.
+  EXPECT_NE(read(v, 4343)->bootstrap_file, env->bootstrap_file);
 
   // Either the run id or the master address and port suffices.
   Vars only_master = base;
   only_master["MASTER_ADDR"] = "h";
   only_master["MASTER_PORT"] = "1";
   EXPECT_EQ(read(only_master)->bootstrap_file, "/tmp/comet-bootstrap-master-h-1.id");
+  EXPECT_EQ(read(only_master, 4343)->bootstrap_file, "/tmp/comet-bootstrap-master-h-1.id");  // not torchrun's agent
   Vars only_run = base;
   only_run["TORCHELASTIC_RUN_ID"] = "r";
-  EXPECT_EQ(read(only_run)->bootstrap_file, "/tmp/comet-bootstrap-run-r.id");
+  EXPECT_EQ(read(only_run)->bootstrap_file, "/tmp/comet-bootstrap-run-r-agent-4242.id");
 }
 
 TEST(ProcessEnv, NoBootstrapSourceExplainsWhatToSet) {
