@@ -182,7 +182,7 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
     b.layer->set_options(with_link(options, o.link));
     poison_all_y(c, in, tokens);
     b.layer->forward(in.tensors, stream);
-    b.fabric->wait(stream, "a baseline forward");
+    b.fabric->wait(stream, "waiting for a baseline forward");
     const ref::Comparison cmp = compare_bf16(download_all_y(c, in, tokens), want);
     row.baseline_rel_l2 = std::max(row.baseline_rel_l2, cmp.non_finite ? INFINITY : cmp.rel_l2);
     row.baselines_match = row.baselines_match && cmp.within(ref::tolerance_for(DType::kBF16));

@@ -233,7 +233,7 @@ struct BaselineMoe::Impl {
       for (cudaStream_t s : {l.own, l.comm, l.compute}) {
         if (!s) continue;
         try {  // bounded on the Nccl fabric (a peer that is gone); then the streams are idle
-          fabric.wait(s, "the baseline's last work, before freeing its buffers");
+          fabric.wait(s, "waiting for the baseline's last work before freeing its buffers");
         } catch (...) {
         }
       }
@@ -430,7 +430,7 @@ struct BaselineMoe::Impl {
                                      size_t(config.layout.world) * dims.count_row_len * 4, cudaMemcpyDeviceToHost,
                                      home.main));
     // Bounded on the Nccl fabric: a peer that never sends its counts fails the call by name.
-    fabric.wait(home.main, "the baseline's exchange of token counts");
+    fabric.wait(home.main, "waiting for the baseline's exchange of token counts");
   }
 
   // Step 3: the layout, the all-to-alls and the GEMM shapes of this call, staged and uploaded.

@@ -17,6 +17,7 @@
 // calls (fabric construction and teardown, BaselineMoe's constructor and forward) match up.
 // Checks use EXPECT (not ASSERT) wherever a collective call follows.
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -196,6 +197,38 @@ TEST_F(BaselineNcclRun, BadInputFailsOnEveryRank) {
                                   "ranks " + std::to_string(r) + ".." + std::to_string(r)}));
   EXPECT_TRUE(throws_with<Error>([&] { layer.forward({}, nullptr); }, {"tensors for 0 ranks"}));
   EXPECT_EQ(nccl_y(layer, inputs, r, nullptr), good) << "after the errors";
+}
+
+// After a good forward (NCCL's connections between the ranks are up, so the exchange is only
+// enqueued), the last rank's forward fails on its own before the count exchange (a misaligned
+// y); the others wait for its counts at most the fabric's timeout (2 s here) and fail naming
+// the exchange, instead of hanging. (On a first forward the exchange's own set-up times out
+// first, naming all_to_all_v.) Every rank's fabric then tears down within its timeout. Last in
+// this file: the fabric made here ends aborted on some ranks.
+TEST_F(BaselineNcclRun, PeerThatNeverSendsItsCountsTimesOutByName) {
+  SCOPED_TRACE(run->who());
+  const int W = world(), r = rank(), bad = W - 1;
+  if (W == 1) GTEST_SKIP() << "needs a peer";
+  const LayerCase lc{"mixtral-8x7b", 16, W, 1, 64, std::vector<int>(W, 40), {}, 13};
+  const LayerConfig c = lc.config();
+  const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  ProcessEnv short_wait = env();
+  short_wait.timeout_s = 2;
+  auto nccl = fabric::make_nccl_fabric(short_wait);
+  BaselineMoe layer(c, *nccl, sequential_baseline());
+  layer.set_random_weights(1);
+  cuda::DeviceProblem inputs(c, p);
+  nccl_y(layer, inputs, r, nullptr);
+  std::vector<RankTensors> mine = {inputs.tensors()[r]};
+  if (r == bad) {
+    mine[0].y = static_cast<char*>(mine[0].y) + 2;
+    EXPECT_TRUE(throws_with<Error>([&] { layer.forward(mine, nullptr); }, {"16-byte aligned"}));
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(throws_with<TimeoutError>([&] { layer.forward(mine, nullptr); },
+                                          {"the baseline's exchange of token counts"}));
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  }
 }
 
 }  // namespace

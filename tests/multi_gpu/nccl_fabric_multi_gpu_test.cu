@@ -179,7 +179,7 @@ TEST(NcclFabricRun, MinMaxAndWait) {
   }();
   DeviceBuffer<uint8_t> send(std::vector<uint8_t>(size_t(64 * W), uint8_t(r))), recv{size_t(64 * W)};
   f.all_to_all_v(send.get(), bytes.data(), offsets.data(), recv.get(), bytes.data(), offsets.data(), stream);
-  f.wait(stream, "a test exchange");
+  f.wait(stream, "waiting for a test exchange");
   const std::vector<uint8_t> got = recv.download();
   for (int p = 0; p < W; ++p) EXPECT_EQ(got[size_t(64 * p)], uint8_t(p)) << "from rank " << p;
   COMET_CUDA_CHECK(cudaStreamDestroy(stream));
