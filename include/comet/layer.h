@@ -120,6 +120,20 @@ struct LayerOptions {
   LinkEmulation link;
 };
 
+// One rank's share of the expert weights in the layout of PyTorch's nn.Linear weights ([out][in],
+// row-major) and of Hugging Face checkpoints (Mixtral's w1/w3/w2, Qwen's and DeepSeek's
+// gate_proj/up_proj/down_proj), bf16, the rank's experts in order (E/EP of them, those of its
+// EP index) and its F/TP slice (its TP index), each projection contiguous:
+//   gate [E/EP][F/TP][H]   gated activations (SwiGLU) only; null for a plain activation
+//   up   [E/EP][F/TP][H]
+//   down [E/EP][H][F/TP]
+// Host or device memory (any GPU): the layer copies them into its own layout on the rank's GPU.
+struct RankExpertWeights {
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  const void* down = nullptr;
+};
+
 struct RankTensors {
   const void* x = nullptr;
   const int32_t* expert_ids = nullptr;
@@ -139,7 +153,12 @@ class MoeLayer {
   // Whether `config` can run on the GPU backend, and why not.
   static Status can_implement(const LayerConfig& config);
 
+  // Full fp32 weights of every expert (x W convention, ExpertWeights), sliced and converted here.
   void set_weights(const ExpertWeights& weights);
+  // One local rank's bf16 weights as a checkpoint stores them (RankExpertWeights), copied on the
+  // device: for real models, whose full fp32 weights would not fit in one process's memory.
+  // forward() needs every local rank's weights, from either call. Synchronous.
+  void set_rank_weights(int rank, const RankExpertWeights& weights);
   // From the next forward on. Throws comet::Error for invalid values.
   void set_options(const LayerOptions& options);
   // Entries measured by `comet tune`; replaces any previous table.

@@ -46,6 +46,7 @@
 #include "cuda/publish.h"
 #include "cuda/random_fill.h"
 #include "cuda/rank_barrier.h"
+#include "cuda/rank_weights.h"
 #include "cuda/tensor_checks.h"
 #include "cuda/trace_record.cuh"
 #include "fabric/fabric.h"
@@ -127,6 +128,7 @@ struct MoeLayer::Impl {
     DevicePlanView plan{};
     void* w0 = nullptr;  // [E/EP][n_b][H] packed gate/up
     void* w1 = nullptr;  // [E/EP][H][F/TP]
+    bool weights_set = false;
     // Two records, one allocation: error[0] for timeouts and schedule errors, which every wait
     // watches (one dead peer costs one timeout); error[1] for bad input found by the plan, which
     // no wait watches, so the forward and the ones after it still run the protocol in step.
@@ -177,7 +179,23 @@ struct MoeLayer::Impl {
   bool per_rank_streams = false;
   std::map<int, cudaEvent_t> fork_events;  // per device of a caller's stream
   std::string unusable;                     // why forward() refuses (after a multi-process error)
-  bool have_weights = false;
+  bool have_weights = false;  // every local rank's (Rank::weights_set)
+
+  // Rank k's weight buffers on its (current) device, allocated once: w0 [E/EP][n_b][H], w1
+  // [E/EP][H][F/TP], as element counts.
+  size_t w0_elements() const {
+    return size_t(config.experts_per_rank()) * cuda::gemm_b_rows(gemm_shape(0).epilogue, config.ffn_per_rank()) *
+           config.model.hidden;
+  }
+  size_t w1_elements() const { return size_t(config.experts_per_rank()) * config.model.hidden * config.ffn_per_rank(); }
+  void allocate_weights(Rank& k) const {
+    if (!k.w0) COMET_CUDA_CHECK(cudaMalloc(&k.w0, w0_elements() * 2));
+    if (!k.w1) COMET_CUDA_CHECK(cudaMalloc(&k.w1, w1_elements() * 2));
+  }
+  void weights_installed(Rank& k) {
+    k.weights_set = true;
+    have_weights = std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.weights_set; });
+  }
   LayerOptions options;
   TuningTable tuning;
   NCommChoice n_comm;  // resolved from options, the tuning table or the cost model
@@ -890,19 +908,31 @@ Layer1CombineChoice MoeLayer::layer1_combine() const { return impl_->layer1; }
 
 void MoeLayer::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;
-  const int Epr = m.config.experts_per_rank();
   const size_t H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
-  const size_t n0 = size_t(Epr) * cuda::gemm_b_rows(m.gemm_shape(0).epilogue, int(Fl)) * H, n1 = size_t(Epr) * H * Fl;
   DeviceGuard guard;
   for (Impl::Rank& k : m.ranks) {  // seeded by the global rank: the same weights on every fabric
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
-    if (!k.w0) COMET_CUDA_CHECK(cudaMalloc(&k.w0, n0 * 2));
-    if (!k.w1) COMET_CUDA_CHECK(cudaMalloc(&k.w1, n1 * 2));
-    cuda::fill_uniform_bf16(k.w0, n0, seed * 64 + 2 * k.rank, 1.f / std::sqrt(float(H)));
-    cuda::fill_uniform_bf16(k.w1, n1, seed * 64 + 2 * k.rank + 1, 1.f / std::sqrt(float(Fl)));
+    m.allocate_weights(k);
+    cuda::fill_uniform_bf16(k.w0, m.w0_elements(), seed * 64 + 2 * k.rank, 1.f / std::sqrt(float(H)));
+    cuda::fill_uniform_bf16(k.w1, m.w1_elements(), seed * 64 + 2 * k.rank + 1, 1.f / std::sqrt(float(Fl)));
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    m.weights_installed(k);
   }
-  m.have_weights = true;
+}
+
+void MoeLayer::set_rank_weights(int rank, const RankExpertWeights& weights) {
+  Impl& m = *impl_;
+  const int first = m.fabric.first_local_rank();
+  COMET_CHECK(m.fabric.is_local(rank), "MoeLayer::set_rank_weights: rank " << rank << " is not driven by this process "
+                                                                          << "(ranks " << first << ".."
+                                                                          << first + m.fabric.num_local_ranks() - 1
+                                                                          << " of " << m.config.layout.world << ")");
+  Impl::Rank& k = m.ranks[size_t(rank - first)];
+  DeviceGuard guard;
+  COMET_CUDA_CHECK(cudaSetDevice(k.device));
+  m.allocate_weights(k);
+  cuda::copy_rank_weights(m.config, weights, k.w0, k.w1);
+  m.weights_installed(k);
 }
 
 void MoeLayer::run_part(Part part, CUstream_st* stream) {
@@ -968,18 +998,18 @@ void MoeLayer::set_weights(const ExpertWeights& w) {
                                            : cuda::transpose_weights(up, Epr, int(H), int(Fl));
     const std::vector<uint16_t> w1 = cuda::transpose_weights(down, Epr, int(Fl), int(H));
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
-    if (!k.w0) COMET_CUDA_CHECK(cudaMalloc(&k.w0, w0.size() * 2));
-    if (!k.w1) COMET_CUDA_CHECK(cudaMalloc(&k.w1, w1.size() * 2));
+    m.allocate_weights(k);
     COMET_CUDA_CHECK(cudaMemcpy(k.w0, w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
     COMET_CUDA_CHECK(cudaMemcpy(k.w1, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
+    m.weights_installed(k);
   }
-  m.have_weights = true;
 }
 
 void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) {
   Impl& m = *impl_;
   COMET_CHECK(m.unusable.empty(), "MoeLayer: " << m.unusable);
-  COMET_CHECK(m.have_weights, "MoeLayer: set_weights() must be called before forward()");
+  COMET_CHECK(m.have_weights, "MoeLayer: set_weights(), or set_rank_weights() for every local rank, must be called "
+                              "before forward()");
   const int first = m.fabric.first_local_rank(), local = m.fabric.num_local_ranks();
   COMET_CHECK(int(in.size()) == local, "MoeLayer: forward got tensors for " << in.size() << " ranks, this process drives "
                                                                             << local << " (ranks " << first << ".."

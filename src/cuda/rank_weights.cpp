@@ -1,8 +1,12 @@
 // Per-rank slices of the expert weights in the GPU GEMM layouts.
 #include "cuda/rank_weights.h"
 
-#include <cstring>
+#include <cuda_runtime.h>
 
+#include <cstring>
+#include <utility>
+
+#include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 
 namespace comet::cuda {
@@ -33,6 +37,37 @@ RankWeights slice_rank_weights(const LayerConfig& c, const ExpertWeights& w, int
   out.w0 = gated ? pack_swiglu_weights(gate, up, epr, int(H), int(Fl)) : transpose_weights(up, epr, int(H), int(Fl));
   out.w1 = transpose_weights(down, epr, int(Fl), int(H));
   return out;
+}
+
+void copy_rank_weights(const LayerConfig& c, const RankExpertWeights& w, void* w0, void* w1) {
+  const bool gated = is_gated(c.model.activation);
+  COMET_CHECK(w.up && w.down, "set_rank_weights: the up and down projections are required");
+  COMET_CHECK(gated == (w.gate != nullptr), "set_rank_weights: activation " << activation_name(c.model.activation)
+                                                << (gated ? " needs a gate projection" : " has no gate projection"));
+  const size_t epr = c.experts_per_rank(), H = c.model.hidden, Fl = c.ffn_per_rank(), row = H * 2;
+  const size_t rows0 = size_t(gemm0_weight_rows(c));
+  const auto* gate = static_cast<const char*>(w.gate);
+  const auto* up = static_cast<const char*>(w.up);
+  char* dst0 = static_cast<char*>(w0);
+  if (!gated) {  // w0 is up itself: [E/EP][F/TP][H]
+    COMET_CUDA_CHECK(cudaMemcpy(dst0, up, epr * Fl * row, cudaMemcpyDefault));
+  } else {
+    const size_t P = kSwiGluPack, full = Fl / P, tail = Fl % P;
+    COMET_CUDA_CHECK(cudaMemset(dst0, 0, epr * rows0 * row));  // the rows padding the last block
+    for (size_t e = 0; e < epr; ++e) {
+      char* dst = dst0 + e * rows0 * row;
+      const size_t src = e * Fl * row;
+      // Block b of the destination: gate rows [bP, bP + P), then up rows [bP, bP + P).
+      for (const auto& [from, offset] : {std::pair{gate, size_t(0)}, std::pair{up, P * row}}) {
+        if (full > 0)
+          COMET_CUDA_CHECK(cudaMemcpy2D(dst + offset, 2 * P * row, from + src, P * row, P * row, full, cudaMemcpyDefault));
+        if (tail > 0)
+          COMET_CUDA_CHECK(cudaMemcpy(dst + full * 2 * P * row + offset, from + src + full * P * row, tail * row,
+                                      cudaMemcpyDefault));
+      }
+    }
+  }
+  COMET_CUDA_CHECK(cudaMemcpy(w1, w.down, epr * H * Fl * 2, cudaMemcpyDefault));  // the same layout
 }
 
 }  // namespace comet::cuda

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comet/config.h"
+#include "comet/layer.h"
 #include "comet/problem.h"
 
 namespace comet::cuda {
@@ -24,5 +25,13 @@ struct RankWeights {
 int gemm0_weight_rows(const LayerConfig& config);
 // Throws comet::Error if the weights do not match the model.
 RankWeights slice_rank_weights(const LayerConfig& config, const ExpertWeights& weights, int rank);
+
+// One rank's bf16 weights in the checkpoint layout (comet/layer.h, RankExpertWeights) copied
+// into the GEMM layouts above, w0 and w1 device buffers of the current device sized for
+// `config` (gemm0_weight_rows rows of H per expert; [E/EP][H][F/TP]). Synchronous; the source
+// may be host or device memory. gate/up rows are interleaved in blocks of kSwiGluPack by 2D
+// copies (a block of the source is kSwiGluPack whole rows), and the rows that pad the last block
+// are zeroed. Throws comet::Error for a missing or superfluous projection.
+void copy_rank_weights(const LayerConfig& config, const RankExpertWeights& weights, void* w0, void* w1);
 
 }  // namespace comet::cuda

@@ -4,9 +4,11 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 
+#include "comet/dtype.h"
 #include "comet/layer.h"
 #include "comet/problem.h"
 #include "captured_forward.h"
@@ -214,6 +216,85 @@ TEST(MoeLayer, MisusedTensorsOptionsAndFabricAreRefusedByName) {
     MoeLayer second(rig.config, *rig.fabric);  // reallocates the heap under `layer`
     EXPECT_TRUE(refused(good, {"reallocated", "one fabric per layer"}));
     EXPECT_TRUE(test::throws_with<Error>([&] { layer.run_part(MoeLayer::Part::kGemms, nullptr); }, {"reallocated"}));
+  }
+}
+
+// Rank r's weights in the checkpoint layout (RankExpertWeights, nn.Linear [out][in], bf16) from
+// the full fp32 weights (x W convention, [E][H][F] and [E][F][H]).
+struct CheckpointWeights {
+  std::vector<uint16_t> gate, up, down;
+};
+CheckpointWeights checkpoint_weights(const LayerConfig& c, const ExpertWeights& w, int rank) {
+  const bool gated = is_gated(c.model.activation);
+  const size_t epr = c.experts_per_rank(), H = c.model.hidden, F = c.model.ffn, Fl = c.ffn_per_rank();
+  const size_t ep = c.layout.ep_index(rank), tp = c.layout.tp_index(rank);
+  CheckpointWeights out;
+  out.up.resize(epr * Fl * H);
+  out.gate.resize(gated ? epr * Fl * H : 0);
+  out.down.resize(epr * H * Fl);
+  for (size_t el = 0; el < epr; ++el) {
+    const size_t e = ep * epr + el;
+    for (size_t f = 0; f < Fl; ++f)
+      for (size_t h = 0; h < H; ++h) {
+        const size_t in = (e * H + h) * F + tp * Fl + f, at = (el * Fl + f) * H + h;
+        out.up[at] = float_to_bf16_bits(w.w_up[in]);
+        if (gated) out.gate[at] = float_to_bf16_bits(w.w_gate[in]);
+        out.down[(el * H + h) * Fl + f] = float_to_bf16_bits(w.w_down[(e * F + tp * Fl + f) * H + h]);
+      }
+  }
+  return out;
+}
+
+// set_rank_weights from checkpoint-layout bf16 weights (rank 0's from host memory, the others'
+// from device memory) gives the layer the weights set_weights gives it: the outputs are bitwise
+// equal. F/TP of 48 (qwen3 / 16) is a partial block of the gate/up interleave (64 rows), 448
+// (mixtral / 16, TP 2) seven whole ones; a plain activation has no gate. Misuse is refused.
+TEST(MoeLayer, CheckpointWeightsPerRankEqualTheFullWeights) {
+  COMET_REQUIRE_GPU();
+  for (const auto& [lc, activation] :
+       {std::pair{LayerCase{"qwen3-30b-a3b", 16, 4, 1, 64, {64, 30, 0, 64}, {RoutingKind::kZipf, 1.2, 0.1}, 5},
+                  Activation::kSwiGlu},
+        std::pair{LayerCase{"mixtral-8x7b", 16, 4, 2, 64, {64, 64, 17, 40}, {}, 6}, Activation::kSwiGlu},
+        std::pair{LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {50, 64}, {}, 7}, Activation::kGelu}}) {
+    LayerConfig c = lc.config();
+    c.model.activation = activation;
+    SCOPED_TRACE(lc.describe() + " " + activation_name(activation));
+    testing::LayerRig full(c, lc.tokens, lc.spec, lc.seed);  // set_weights(problem.weights)
+    const auto want = full.forward(LayerOptions{});
+    auto fabric = fabric::make_loopback_fabric(c.layout.world);
+    MoeLayer layer(c, *fabric);
+    std::vector<RankTensors> inputs = full.device.tensors();
+    EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(inputs, nullptr); },
+                                         {"set_rank_weights() for every local rank"}));
+    std::vector<CheckpointWeights> host;
+    std::vector<std::array<testing::DeviceBuffer<uint16_t>, 3>> device;
+    for (int r = 0; r < c.layout.world; ++r) {
+      host.push_back(checkpoint_weights(c, full.problem.weights, r));
+      device.push_back({testing::DeviceBuffer<uint16_t>(host[r].gate), testing::DeviceBuffer<uint16_t>(host[r].up),
+                        testing::DeviceBuffer<uint16_t>(host[r].down)});
+    }
+    for (int r = 0; r < c.layout.world; ++r) {
+      const bool from_host = r == 0;
+      RankExpertWeights w;
+      w.gate = host[r].gate.empty() ? nullptr : from_host ? (const void*)host[r].gate.data() : device[r][0].get();
+      w.up = from_host ? (const void*)host[r].up.data() : device[r][1].get();
+      w.down = from_host ? (const void*)host[r].down.data() : device[r][2].get();
+      if (r == 1) {  // misuse first: a missing projection, a gate a plain activation has not
+        RankExpertWeights no_up = w;
+        no_up.up = nullptr;
+        EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_rank_weights(r, no_up); }, {"up and down"}));
+        RankExpertWeights odd_gate = w;
+        odd_gate.gate = w.gate ? nullptr : w.up;
+        EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_rank_weights(r, odd_gate); }, {"gate projection"}));
+      }
+      layer.set_rank_weights(r, w);
+    }
+    EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_rank_weights(c.layout.world, {}); },
+                                         {"rank " + std::to_string(c.layout.world) + " is not driven"}));
+    full.device.poison_y();
+    layer.forward(inputs, nullptr);
+    layer.check(nullptr);
+    EXPECT_EQ(full.device.download_y(), want) << "checkpoint weights differ from the full ones";
   }
 }
 
