@@ -3,6 +3,8 @@
 //   auto fabric = comet::fabric::make_loopback_fabric(8);   // 8 virtual ranks on one GPU
 //   comet::MoeLayer layer(config, *fabric);
 //   layer.set_weights(weights);                              // full fp32 weights, sliced per rank
+//                             // (or set_rank_weights(r, {gate, up, down}) per local rank: bf16
+//                             //  shards in a checkpoint's layout, host or device memory)
 //   layer.forward(ranks, stream);                            // enqueues every rank's forward
 //   layer.check(stream);                                     // sync + throw on a device error
 //
