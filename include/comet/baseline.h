@@ -111,6 +111,9 @@ class BaselineMoe {
 
   // Full fp32 weights, sliced per rank as MoeLayer::set_weights does (the local ranks' slices).
   void set_weights(const ExpertWeights& weights);
+  // One local rank's bf16 weights in a checkpoint's layout, as MoeLayer::set_rank_weights takes
+  // them (comet/layer.h, RankExpertWeights). forward() needs every local rank's weights.
+  void set_rank_weights(int rank, const RankExpertWeights& weights);
   // Benchmarks: device-side pseudo-random weights, for SwiGLU bitwise the weights that
   // MoeLayer::set_random_weights(seed) writes, so the two layers' outputs can be compared. Rank
   // r's weights depend on (seed, r) only: every fabric gives a rank the same weights.

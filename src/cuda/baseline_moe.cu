@@ -195,7 +195,8 @@ struct BaselineMoe::Impl {
   int caller = 0;                // during a call: the lane of the caller's stream
   std::vector<void*> peers;      // [W] every rank's heap as this process addresses it
   std::vector<void*> w0, w1;     // [W], local ranks only
-  bool have_weights = false;
+  bool have_weights = false;         // every local rank's
+  std::vector<char> rank_weights_set;  // [W], local ranks only
   uint64_t heap_generation = 0;  // the fabric's, after this layer's allocate()
   std::vector<int> rank_devices;  // of the local ranks, as tensor_check takes them
   cuda::RankTensorCheck tensor_check{{"BaselineMoe", true, "rows move 16 bytes at a time"}};
@@ -749,6 +750,26 @@ void BaselineMoe::set_weights(const ExpertWeights& weights) {
     COMET_CUDA_CHECK(cudaMemcpy(m.w1[r], w.w1.data(), w.w1.size() * 2, cudaMemcpyHostToDevice));
   }
   m.have_weights = true;
+  m.rank_weights_set.assign(size_t(m.config.layout.world), 1);
+  m.have_layout = false;  // grouped pointer arrays name the weights
+}
+
+void BaselineMoe::set_rank_weights(int rank, const RankExpertWeights& weights) {
+  Impl& m = *impl_;
+  COMET_CHECK(m.fabric.is_local(rank), "BaselineMoe::set_rank_weights: rank " << rank << " is not driven by this "
+                                       << "process (ranks " << m.first << ".." << m.first + m.num_local - 1 << " of "
+                                       << m.config.layout.world << ")");
+  fabric::detail::DeviceGuard guard;
+  COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(rank)));
+  const size_t epr = m.config.experts_per_rank(), H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
+  if (!m.w0[rank]) COMET_CUDA_CHECK(cudaMalloc(&m.w0[rank], epr * m.n0 * H * 2));
+  if (!m.w1[rank]) COMET_CUDA_CHECK(cudaMalloc(&m.w1[rank], epr * H * Fl * 2));
+  cuda::copy_rank_weights(m.config, weights, m.w0[rank], m.w1[rank]);
+  m.rank_weights_set.resize(size_t(m.config.layout.world), 0);
+  m.rank_weights_set[size_t(rank)] = 1;
+  bool all = true;
+  for (int r = m.first; r < m.first + m.num_local; ++r) all = all && m.rank_weights_set[size_t(r)];
+  m.have_weights = all;
   m.have_layout = false;  // grouped pointer arrays name the weights
 }
 
@@ -771,12 +792,14 @@ void BaselineMoe::set_random_weights(uint64_t seed) {
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   m.have_weights = true;
+  m.rank_weights_set.assign(size_t(m.config.layout.world), 1);
   m.have_layout = false;
 }
 
 void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* stream) {
   Impl& m = *impl_;
-  COMET_CHECK(m.have_weights, "BaselineMoe: set_weights() or set_random_weights() must be called before forward()");
+  COMET_CHECK(m.have_weights, "BaselineMoe: set_weights(), set_random_weights() or set_rank_weights() for every local "
+                              "rank must be called before forward()");
   COMET_CHECK(int(in.size()) == m.num_local,
               "BaselineMoe: forward got tensors for " << in.size() << " ranks, this process drives " << m.num_local
                                                       << " (ranks " << m.first << ".." << m.first + m.num_local - 1

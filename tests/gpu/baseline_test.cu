@@ -18,6 +18,7 @@
 // inter-rank copies (exact byte moves) and the streams differ, and no step depends on timing.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "cuda/device_problem.h"
 #include "fabric/fabric.h"
 #include "fabric/fabric_util.h"
+#include "checkpoint_weights.h"
 #include "gpu_test_util.h"
 #include "layer_cases.h"
 #include "ref/oracle.h"
@@ -236,6 +238,35 @@ TEST(Baseline, PartsRunAfterAForward) {
             traffic.dispatch_remote_bytes * c.model.hidden * 2);
   EXPECT_GT(traffic.dispatch_bytes, traffic.dispatch_remote_bytes);  // rank 0's tokens for itself
   EXPECT_EQ(s.run(), y) << "parts left state that changed the next forward";
+}
+
+// set_rank_weights (checkpoint layout, from device memory) gives the baseline the weights
+// set_weights gives it: the outputs are bitwise equal (qwen3 / 16: F/TP = 48, a partial gate/up
+// block; a plain activation without gate).
+TEST(Baseline, CheckpointWeightsPerRankEqualTheFullWeights) {
+  COMET_REQUIRE_GPU();
+  for (Activation activation : {Activation::kSwiGlu, Activation::kRelu}) {
+    SCOPED_TRACE(activation_name(activation));
+    BaselineCase s(LayerCase{"qwen3-30b-a3b", 16, 4, 1, 64, {64, 17, 0, 40}, {RoutingKind::kZipf, 1.2, 0.1}, 9},
+                   chunked_baseline(2), activation);
+    const auto want = s.run();
+    auto fabric = fabric::make_loopback_fabric(s.config.layout.world);
+    BaselineMoe layer(s.config, *fabric, chunked_baseline(2));
+    std::vector<std::array<testing::DeviceBuffer<uint16_t>, 3>> device;
+    for (int r = 0; r < s.config.layout.world; ++r) {
+      const testing::CheckpointWeights h = testing::checkpoint_weights(s.config, s.problem.weights, r);
+      device.push_back({testing::DeviceBuffer<uint16_t>(h.gate), testing::DeviceBuffer<uint16_t>(h.up),
+                        testing::DeviceBuffer<uint16_t>(h.down)});
+      if (r == 1) {
+        EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(s.device->tensors(), nullptr); },
+                                             {"set_rank_weights() for every local rank"}));
+      }
+      layer.set_rank_weights(r, {h.gate.empty() ? nullptr : device[r][0].get(), device[r][1].get(),
+                                 device[r][2].get()});
+    }
+    EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_rank_weights(4, {}); }, {"rank 4 is not driven"}));
+    EXPECT_EQ(run(layer, *s.device), want) << "checkpoint weights differ from the full ones";
+  }
 }
 
 TEST(Baseline, RefusesWhatItCannotRun) {

@@ -12,6 +12,7 @@
 #include "comet/layer.h"
 #include "comet/problem.h"
 #include "captured_forward.h"
+#include "checkpoint_weights.h"
 #include "cuda/device_info.h"
 #include "cuda/device_problem.h"
 #include "fabric/fabric.h"
@@ -219,32 +220,6 @@ TEST(MoeLayer, MisusedTensorsOptionsAndFabricAreRefusedByName) {
   }
 }
 
-// Rank r's weights in the checkpoint layout (RankExpertWeights, nn.Linear [out][in], bf16) from
-// the full fp32 weights (x W convention, [E][H][F] and [E][F][H]).
-struct CheckpointWeights {
-  std::vector<uint16_t> gate, up, down;
-};
-CheckpointWeights checkpoint_weights(const LayerConfig& c, const ExpertWeights& w, int rank) {
-  const bool gated = is_gated(c.model.activation);
-  const size_t epr = c.experts_per_rank(), H = c.model.hidden, F = c.model.ffn, Fl = c.ffn_per_rank();
-  const size_t ep = c.layout.ep_index(rank), tp = c.layout.tp_index(rank);
-  CheckpointWeights out;
-  out.up.resize(epr * Fl * H);
-  out.gate.resize(gated ? epr * Fl * H : 0);
-  out.down.resize(epr * H * Fl);
-  for (size_t el = 0; el < epr; ++el) {
-    const size_t e = ep * epr + el;
-    for (size_t f = 0; f < Fl; ++f)
-      for (size_t h = 0; h < H; ++h) {
-        const size_t in = (e * H + h) * F + tp * Fl + f, at = (el * Fl + f) * H + h;
-        out.up[at] = float_to_bf16_bits(w.w_up[in]);
-        if (gated) out.gate[at] = float_to_bf16_bits(w.w_gate[in]);
-        out.down[(el * H + h) * Fl + f] = float_to_bf16_bits(w.w_down[(e * F + tp * Fl + f) * H + h]);
-      }
-  }
-  return out;
-}
-
 // set_rank_weights from checkpoint-layout bf16 weights (rank 0's from host memory, the others'
 // from device memory) gives the layer the weights set_weights gives it: the outputs are bitwise
 // equal. F/TP of 48 (qwen3 / 16) is a partial block of the gate/up interleave (64 rows), 448
@@ -266,10 +241,10 @@ TEST(MoeLayer, CheckpointWeightsPerRankEqualTheFullWeights) {
     std::vector<RankTensors> inputs = full.device.tensors();
     EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(inputs, nullptr); },
                                          {"set_rank_weights() for every local rank"}));
-    std::vector<CheckpointWeights> host;
+    std::vector<testing::CheckpointWeights> host;
     std::vector<std::array<testing::DeviceBuffer<uint16_t>, 3>> device;
     for (int r = 0; r < c.layout.world; ++r) {
-      host.push_back(checkpoint_weights(c, full.problem.weights, r));
+      host.push_back(testing::checkpoint_weights(c, full.problem.weights, r));
       device.push_back({testing::DeviceBuffer<uint16_t>(host[r].gate), testing::DeviceBuffer<uint16_t>(host[r].up),
                         testing::DeviceBuffer<uint16_t>(host[r].down)});
     }
