@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "comet/error.h"
 #include "core/activation.h"
 
 namespace comet::ref {
@@ -13,6 +14,28 @@ std::vector<std::vector<double>> oracle_forward(const MoeProblem& p) {
   const ModelShape& m = p.config.model;
   p.weights.check(m);
   const size_t H = m.hidden, F = m.ffn;
+  // The oracle is the reference everything is checked against: inputs that would make it read
+  // out of bounds are refused here, as the backends refuse them.
+  COMET_CHECK(p.routing.size() == p.x.size(), "oracle_forward: routing for " << p.routing.size()
+                                                 << " ranks, tokens for " << p.x.size());
+  for (size_t r = 0; r < p.x.size(); ++r) {
+    const Routing& rt = p.routing[r];
+    COMET_CHECK(rt.topk == m.topk, "oracle_forward: rank " << r << "'s routing has topk " << rt.topk
+                                                           << ", the model " << m.topk);
+    // Bounds only: the oracle sums whatever the routing says, a repeated expert included.
+    const size_t slots = size_t(std::max(rt.num_tokens, 0)) * size_t(std::max(rt.topk, 0));
+    COMET_CHECK(rt.num_tokens >= 0 && rt.expert_ids.size() == slots && rt.weights.size() == slots,
+                "oracle_forward: rank " << r << "'s routing holds " << rt.expert_ids.size() << " ids and "
+                                        << rt.weights.size() << " weights for " << rt.num_tokens << " tokens x topk "
+                                        << rt.topk);
+    for (size_t i = 0; i < slots; ++i)
+      COMET_CHECK(rt.expert_ids[i] >= -1 && rt.expert_ids[i] < m.num_experts,
+                  "oracle_forward: rank " << r << " token " << i / size_t(rt.topk) << ": expert id "
+                                          << rt.expert_ids[i] << " is outside [-1, " << m.num_experts << ")");
+    COMET_CHECK(p.x[r].size() == size_t(rt.num_tokens) * H, "oracle_forward: rank " << r << "'s x holds "
+                                                               << p.x[r].size() << " values, expected num_tokens*H = "
+                                                               << size_t(rt.num_tokens) * H);
+  }
   const bool gated = is_gated(m.activation);
   std::vector<std::vector<double>> y(p.x.size());
   std::vector<double> inter(F), gate(F), up(F), down(H);

@@ -13,7 +13,10 @@
 
 namespace comet::ref {
 
-// y[r] = [T_r][H] in double.
+// y[r] = [T_r][H] in double. Throws comet::Error for inputs it cannot read in bounds: weights of
+// another shape, routing and tokens for different numbers of ranks, a routing of another topk,
+// an expert id outside [-1, E), x of another size than num_tokens * H. (A repeated expert is
+// summed twice: the oracle computes what the routing says.)
 std::vector<std::vector<double>> oracle_forward(const MoeProblem& problem);
 
 struct Comparison {

@@ -78,7 +78,7 @@ void launch_workers(int n, FailureLog& log, const std::function<void(int)>& fn) 
   for (int i = 0; i < n; ++i) {
     try {
       threads.emplace_back([&log, &fn, i] { guarded(log, [&] { fn(i); }); });
-    } catch (const std::system_error& e) {
+    } catch (const std::exception& e) {  // std::system_error, or std::bad_alloc for its state
       log.record(std::make_exception_ptr(
           Error(std::string("the CPU backend could not start thread ") + std::to_string(i + 1) + " of " +
                 std::to_string(n) + ": " + e.what() + " (fewer ranks or workers)")));
@@ -161,13 +161,18 @@ class TypedImpl final : public ImplBase {
   }
 
   static void check_options(const RefOptions& options) {
-    COMET_CHECK(options.comm_workers >= 1 && options.compute_workers >= 1,
-                "the CPU backend needs at least one comm and one compute worker per rank (got "
-                    << options.comm_workers << " and " << options.compute_workers << ")");
+    COMET_CHECK(options.comm_workers >= 1 && options.compute_workers >= 1 &&
+                    options.comm_workers <= RefOptions::kMaxWorkers && options.compute_workers <= RefOptions::kMaxWorkers,
+                "the CPU backend needs between 1 and " << RefOptions::kMaxWorkers
+                                                       << " comm and compute workers per rank (got "
+                                                       << options.comm_workers << " and " << options.compute_workers
+                                                       << ")");
     COMET_CHECK(options.comm_chunk_tokens >= 1, "comm_chunk_tokens must be >= 1");
     COMET_CHECK(options.layer0_stages >= 0, "layer0_stages must be >= 0 (0: one per ring position), got "
                                                 << options.layer0_stages);
-    COMET_CHECK(options.timeout.count() > 0, "timeout must be positive");
+    COMET_CHECK(options.timeout.count() > 0 && options.timeout <= RefOptions::kMaxTimeout,
+                "timeout must be within (0, " << RefOptions::kMaxTimeout.count() << "] ms, got "
+                                              << options.timeout.count() << " ms");
   }
 
   void set_weights(const ExpertWeights& w) override;
@@ -267,17 +272,26 @@ void TypedImpl<T>::set_weights(const ExpertWeights& w) {
     if (gated) w_gate_[r].resize(Epr * H * Fl);
     w_up_[r].resize(Epr * H * Fl);
     w_down_[r].resize(Epr * Fl * H);
+    // In the storage type: a weight finite in fp32 may not be (1e5 in f16), and a non-finite
+    // weight would make the output NaN without a word.
+    const auto stored = [&](float v, const char* name, size_t e, size_t i, size_t j) {
+      const float s = round_to(config_.dtype, v);
+      COMET_CHECK(std::isfinite(s), "expert " << e << ": " << name << "[" << i << "][" << j << "] = " << v << " is not "
+                                              << "finite as " << dtype_name(config_.dtype));
+      return s;
+    };
     for (int el = 0; el < Epr; ++el) {
       const size_t e = size_t(ep) * Epr + el;
       for (size_t h = 0; h < H; ++h)
         for (size_t f = 0; f < Fl; ++f) {
           const size_t src = (e * H + h) * F + tp * Fl + f, dst = (el * H + h) * Fl + f;
-          w_up_[r][dst] = round_to(config_.dtype, w.w_up[src]);
-          if (gated) w_gate_[r][dst] = round_to(config_.dtype, w.w_gate[src]);
+          w_up_[r][dst] = stored(w.w_up[src], "w_up", e, h, tp * Fl + f);
+          if (gated) w_gate_[r][dst] = stored(w.w_gate[src], "w_gate", e, h, tp * Fl + f);
         }
       for (size_t f = 0; f < Fl; ++f)
         for (size_t h = 0; h < H; ++h)
-          w_down_[r][(el * Fl + f) * H + h] = round_to(config_.dtype, w.w_down[(e * F + tp * Fl + f) * H + h]);
+          w_down_[r][(el * Fl + f) * H + h] =
+              stored(w.w_down[(e * F + tp * Fl + f) * H + h], "w_down", e, tp * Fl + f, h);
     }
   }
   have_weights_ = true;
@@ -304,9 +318,10 @@ void TypedImpl<T>::check_inputs(const std::vector<std::vector<float>>& x,
                 "rank " << r << ": x holds " << x[r].size() << " values, expected num_tokens*H = "
                         << size_t(rt.num_tokens) * H);
     if (!options_.check_inputs) continue;
-    for (size_t i = 0; i < x[r].size(); ++i)
-      COMET_CHECK(std::isfinite(x[r][i]), "rank " << r << " token " << i / H << ": input x["
-                                                  << i % H << "] is " << x[r][i] << " (not finite)");
+    for (size_t i = 0; i < x[r].size(); ++i)  // in the storage type, as the ranks hold it
+      COMET_CHECK(std::isfinite(round_to(config_.dtype, x[r][i])),
+                  "rank " << r << " token " << i / H << ": input x[" << i % H << "] is " << x[r][i]
+                          << " (not finite as " << dtype_name(config_.dtype) << ")");
   }
 }
 
@@ -398,8 +413,10 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
     for (int row = s.m_tiles[m].row_begin; row < s.m_tiles[m].row_end; ++row) tile_of_row[row] = m;
   std::vector<uint64_t>& base = epochs_[r].tile_base;
   RankView v = view(r);
-  std::atomic<int> next_chunk{0}, next_item{0};
-  const int num_items = num_tiles * s.num_n_blocks;
+  // 64-bit counters: every worker takes one index past the end, and the item count may be
+  // close to 2^31 (LayerConfig::validate bounds it by 2^31 - 1).
+  std::atomic<int64_t> next_chunk{0}, next_item{0};
+  const int64_t num_items = int64_t(num_tiles) * s.num_n_blocks, num_chunks = int64_t(chunks.size());
   const bool gated = is_gated(config_.model.activation);
   const float* wg = gated ? w_gate_[r].data() : nullptr;
   const float* wu = w_up_[r].data();
@@ -408,7 +425,7 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
     if (stalled(r, StallStage::kLayer0Comm)) return;
     Recorder rec(ctx, r, 0, worker);
     std::vector<int> rows, landed(num_tiles, 0), touched;
-    for (int c; (c = next_chunk.fetch_add(1)) < int(chunks.size());) {
+    for (int64_t c; (c = next_chunk.fetch_add(1)) < num_chunks;) {
       const int64_t begin = rec.now();
       const CommChunk& chunk = chunks[c];
       const T* peer_x = view(chunk.peer).x;  // pull: read the owner's row once
@@ -429,14 +446,14 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
       }
       touched.clear();
       ctx.rows_landed += copied;
-      rec.add(TraceKind::kCommChunk, c, begin, rec.now());
+      rec.add(TraceKind::kCommChunk, int(c), begin, rec.now());
     }
   };
 
   auto compute_worker = [&](int worker) {
     Recorder rec(ctx, r, 0, options_.comm_workers + worker);
     std::vector<float> a(H), acc_g(bn), acc_u(bn);
-    for (int i; (i = next_item.fetch_add(1)) < num_items;) {
+    for (int64_t i; (i = next_item.fetch_add(1)) < num_items;) {
       const int m = s.order[i / s.num_n_blocks];
       const MTile& tile = s.m_tiles[m];
       const int64_t wait_begin = rec.now();
@@ -453,7 +470,7 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
         rec.add(TraceKind::kWait, m, wait_begin, rec.now());
       }
       const int64_t begin = rec.now();
-      const int c0 = (i % s.num_n_blocks) * bn, nc = std::min<int>(bn, int(Fl) - c0);
+      const int c0 = int(i % s.num_n_blocks) * bn, nc = std::min<int>(bn, int(Fl) - c0);
       const size_t wofs = size_t(tile.expert_local) * H * Fl + c0;
       for (int row = tile.row_begin; row < tile.row_end; ++row) {
         for (size_t h = 0; h < H; ++h) a[h] = v.a_rows[size_t(row) * H + h].to_float();
@@ -471,7 +488,7 @@ void TypedImpl<T>::run_layer0(int r, const DispatchPlan& plan, CallContext& ctx)
         for (int c = 0; c < nc; ++c)
           out[c] = T::from_float(core::apply_activation(config_.model.activation, acc_g[c], acc_u[c]));
       }
-      rec.add(TraceKind::kGemmTile, i, begin, rec.now());
+      rec.add(TraceKind::kGemmTile, int(i), begin, rec.now());
     }
   };
 
@@ -492,16 +509,16 @@ void TypedImpl<T>::run_layer1(int r, const DispatchPlan& plan, const std::vector
   const int bn = config_.tiles.block_n1;
   std::vector<uint64_t>& base = epochs_[r].col_base;
   RankView v = view(r);
-  std::atomic<int> next_comm{0}, next_tile{0};
-  const int num_comm_items = NB * int(chunks.size());
+  std::atomic<int64_t> next_comm{0}, next_tile{0};  // 64-bit: see layer0
+  const int64_t num_chunks = int64_t(chunks.size()), num_comm_items = int64_t(NB) * num_chunks;
   const float* wd = w_down_[r].data();
 
   auto compute_worker = [&](int worker) {
     Recorder rec(ctx, r, 1, options_.comm_workers + worker);
     std::vector<float> acc(bn);
-    for (int i; (i = next_tile.fetch_add(1)) < s.num_tiles();) {  // < 2^31 (LayerConfig::validate)
+    for (int64_t i; (i = next_tile.fetch_add(1)) < s.num_tiles();) {  // < 2^31 (LayerConfig::validate)
       const int64_t begin = rec.now();
-      const int j = i / num_tiles;  // column-block-major
+      const int j = int(i / num_tiles);  // column-block-major
       const MTile& tile = s.m_tiles[i % num_tiles];
       const int c0 = j * bn, nc = std::min<int>(bn, int(H) - c0);
       const float* w = wd + size_t(tile.expert_local) * Fl * H + c0;
@@ -516,7 +533,7 @@ void TypedImpl<T>::run_layer1(int r, const DispatchPlan& plan, const std::vector
         for (int c = 0; c < nc; ++c) out[c] = T::from_float(acc[c]);
       }
       signal_add(&v.col_done[j], 1);
-      rec.add(TraceKind::kGemmTile, i, begin, rec.now());
+      rec.add(TraceKind::kGemmTile, int(i), begin, rec.now());
     }
   };
 
@@ -525,9 +542,9 @@ void TypedImpl<T>::run_layer1(int r, const DispatchPlan& plan, const std::vector
     Recorder rec(ctx, r, 1, worker);
     std::vector<int> rows;
     std::vector<float> acc(bn);
-    for (int i; (i = next_comm.fetch_add(1)) < num_comm_items;) {
-      const int j = i / int(chunks.size());
-      const CommChunk& chunk = chunks[i % chunks.size()];
+    for (int64_t i; (i = next_comm.fetch_add(1)) < num_comm_items;) {
+      const int j = int(i / num_chunks);
+      const CommChunk& chunk = chunks[size_t(i % num_chunks)];
       const int c0 = j * bn, nc = std::min<int>(bn, int(H) - c0);
       const int64_t wait_begin = rec.now();
       if (wait_at_least(&v.col_done[j], base[j] + uint64_t(num_tiles), ctx.policy,
@@ -557,7 +574,7 @@ void TypedImpl<T>::run_layer1(int r, const DispatchPlan& plan, const std::vector
       }
       signal_add(&ov.combine_arr[r], uint64_t(chunk.pos_end - chunk.pos_begin));
       ctx.partial_rows_sent += chunk.pos_end - chunk.pos_begin;
-      rec.add(TraceKind::kCommChunk, i, begin, rec.now());
+      rec.add(TraceKind::kCommChunk, int(i), begin, rec.now());
     }
   };
 

@@ -22,11 +22,15 @@ namespace comet::ref {
 enum class StallStage { kNone, kLayer0Comm, kLayer1Comm };
 
 struct RefOptions {
-  int comm_workers = 2;     // n_comm of the CPU backend, per rank and layer
-  int compute_workers = 2;  // GEMM workers per rank and layer
+  static constexpr int kMaxWorkers = 1024;                           // of each kind, per rank
+  static constexpr std::chrono::milliseconds kMaxTimeout{1000000000};  // 11.6 days, as the CLI's
+  int comm_workers = 2;     // n_comm of the CPU backend, per rank and layer, in [1, kMaxWorkers]
+  int compute_workers = 2;  // GEMM workers per rank and layer, in [1, kMaxWorkers]
   int comm_chunk_tokens = 16;
   int layer0_stages = 0;  // stages of the layer0 tile order (Layer0Schedule); 0: one per ring position
-  std::chrono::milliseconds timeout{5000};  // every wait
+  // Every wait gives up after this long without progress (its signal unchanged), in
+  // (0, kMaxTimeout]: a long forward whose producers keep working never times out.
+  std::chrono::milliseconds timeout{5000};
   bool check_inputs = true;                  // report NaN/Inf in x before running
   bool trace = false;                        // record a timeline (last_trace()); off: no cost
   // Fault injection for tests: the comm workers of stall_rank do nothing at stall_stage.

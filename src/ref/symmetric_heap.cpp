@@ -31,16 +31,23 @@ void SymmetricHeap::zero(const std::vector<const WorkspaceRegion*>& regions) {
 
 bool wait_at_least(uint64_t* flag, uint64_t target, const WaitPolicy& policy, const std::string& who,
                    const std::function<std::string()>& what) {
-  if (signal_load(flag) >= target) return false;
-  const auto start = std::chrono::steady_clock::now();
+  uint64_t last = signal_load(flag);
+  if (last >= target) return false;
+  // The clock restarts whenever the signal moves: a wait fails only after `timeout` without
+  // progress, so a long forward whose producers keep working (a large workload on few cores)
+  // never times out, and a stuck one still does.
+  auto since = std::chrono::steady_clock::now();
   for (int spin = 0;; ++spin) {
     const uint64_t seen = signal_load(flag);
     if (seen >= target) return true;
     if (policy.abort && policy.abort->load(std::memory_order_relaxed)) throw Aborted{};
-    const auto waited = std::chrono::steady_clock::now() - start;
-    if (waited > policy.timeout) {
+    const auto now = std::chrono::steady_clock::now();
+    if (seen != last) {
+      last = seen;
+      since = now;
+    } else if (now - since > policy.timeout) {
       std::ostringstream os;
-      os << who << ": timed out after " << policy.timeout.count() << " ms waiting for " << what()
+      os << who << ": timed out after " << policy.timeout.count() << " ms without progress waiting for " << what()
          << " >= " << target << ", observed " << seen;
       throw TimeoutError(os.str());
     }

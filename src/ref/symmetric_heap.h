@@ -63,8 +63,9 @@ struct WaitPolicy {
 };
 
 // Spin (yielding, then sleeping briefly) until *flag >= target with acquire semantics.
-// Returns true if it had to wait at all. On timeout throws TimeoutError with
-// "<who>: timed out after N ms waiting for <what> >= target, observed V"; `what` is only
+// Returns true if it had to wait at all. After policy.timeout without progress (the flag
+// unchanged) throws TimeoutError with
+// "<who>: timed out after N ms without progress waiting for <what> >= target, observed V"; `what` is only
 // built on failure. Throws Aborted when policy.abort is raised.
 bool wait_at_least(uint64_t* flag, uint64_t target, const WaitPolicy& policy,
                    const std::string& who, const std::function<std::string()>& what);

@@ -2,6 +2,7 @@
 // the rank, and the backend stays usable: the next good forward is correct.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <limits>
 #include <string>
@@ -141,6 +142,56 @@ TEST(BadInput, BadConfigOrWeightsThrow) {
   EXPECT_TRUE(throws_with<Error>([&] { backend.set_weights(w); }));
   backend.set_weights(p.weights);
   EXPECT_TRUE(matches_oracle(backend.forward(p.x, p.routing), ref::oracle_forward(p), c.dtype, c.model.hidden));
+}
+
+// Weights and inputs are checked in the storage type: a NaN or infinite weight, or a value finite
+// in fp32 but not in f16 (1e5), is refused naming it; before, the output was NaN without a word.
+TEST(BadInput, NonFiniteWeightsAndInputsInTheStorageTypeAreRefused) {
+  RefCase c = bad_input_base();
+  c.dtype = DType::kF16;
+  const MoeProblem p = c.problem();
+  ref::RefBackend backend(c.config(), c.options);
+  ExpertWeights w = p.weights;
+  w.w_up[7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(throws_with<Error>([&] { backend.set_weights(w); }, {"w_up", "not finite as f16"}));
+  w = p.weights;
+  w.w_down[3] = 1e5f;  // f16's largest is 65504
+  EXPECT_TRUE(throws_with<Error>([&] { backend.set_weights(w); }, {"w_down", "100000", "not finite as f16"}));
+  backend.set_weights(p.weights);
+  auto x = p.x;
+  x[1][5] = 1e5f;
+  EXPECT_TRUE(throws_with<Error>([&] { backend.forward(x, p.routing); }, {"rank 1", "not finite as f16"}));
+  EXPECT_TRUE(matches_oracle(backend.forward(p.x, p.routing), ref::oracle_forward(p), c.dtype, c.model.hidden));
+}
+
+// Options outside what the backend can run are refused by name: worker counts whose threads
+// would overflow (or exhaust) the process, a timeout whose conversion to nanoseconds overflows.
+TEST(BadInput, OptionsOutOfRangeAreRefused) {
+  RefCase c = bad_input_base();
+  ref::RefOptions o = c.options;
+  o.comm_workers = std::numeric_limits<int>::max();
+  EXPECT_TRUE(throws_with<Error>([&] { ref::RefBackend b(c.config(), o); }, {"between 1 and 1024"}));
+  o = c.options;
+  o.compute_workers = ref::RefOptions::kMaxWorkers + 1;
+  EXPECT_TRUE(throws_with<Error>([&] { ref::RefBackend b(c.config(), o); }, {"compute workers"}));
+  o = c.options;
+  o.timeout = std::chrono::milliseconds::max();
+  EXPECT_TRUE(throws_with<Error>([&] { ref::RefBackend b(c.config(), o); }, {"timeout must be within"}));
+}
+
+// The oracle refuses what it cannot read in bounds (it is the reference of every check).
+TEST(BadInput, OracleRefusesInputsItCannotRead) {
+  RefCase c = bad_input_base();
+  MoeProblem p = c.problem();
+  MoeProblem bad = p;
+  bad.routing[1].expert_ids[0] = c.model.num_experts;
+  EXPECT_TRUE(throws_with<Error>([&] { ref::oracle_forward(bad); }, {"rank 1"}));
+  bad = p;
+  bad.x[1].pop_back();
+  EXPECT_TRUE(throws_with<Error>([&] { ref::oracle_forward(bad); }, {"rank 1's x holds"}));
+  bad = p;
+  bad.routing.pop_back();
+  EXPECT_TRUE(throws_with<Error>([&] { ref::oracle_forward(bad); }, {"routing for 3 ranks, tokens for 4"}));
 }
 
 }  // namespace

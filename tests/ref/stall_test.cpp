@@ -3,11 +3,14 @@
 // instead of hanging (DESIGN §4: every spin-wait has a timeout).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ref/ref_cases.h"
+#include "ref/symmetric_heap.h"
 
 namespace comet::test {
 namespace {
@@ -127,6 +130,34 @@ INSTANTIATE_TEST_SUITE_P(Cases, StallTest, ::testing::ValuesIn(stall_cases()),
                          [](const ::testing::TestParamInfo<StallCase>& info) {
                            return std::to_string(info.index) + "_" + param_name(info.param.base.label);
                          });
+
+// The timeout counts time without progress: a producer that adds 1 every 10 ms for 400 ms keeps
+// a wait with a 100 ms timeout alive to the end, and one that stops makes it fail about 100 ms
+// after its last step, naming the signal and the value it stopped at.
+TEST(Stall, TimeoutCountsTimeWithoutProgress) {
+  std::atomic<bool> abort{false};
+  const ref::WaitPolicy policy{std::chrono::milliseconds(100), &abort};
+  for (const int stop_at : {40, 5}) {
+    SCOPED_TRACE("producer stops at " + std::to_string(stop_at));
+    uint64_t flag = 0;
+    std::thread producer([&] {
+      for (int i = 0; i < stop_at; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        ref::signal_add(&flag, 1);
+      }
+    });
+    const auto start = std::chrono::steady_clock::now();
+    if (stop_at == 40) {
+      EXPECT_NO_THROW(ref::wait_at_least(&flag, 40, policy, "the test", [] { return std::string("flag"); }));
+      EXPECT_GT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));  // longer than the timeout
+    } else {
+      EXPECT_TRUE(throws_with<TimeoutError>(
+          [&] { ref::wait_at_least(&flag, 40, policy, "the test", [] { return std::string("flag"); }); },
+          {"the test: timed out after 100 ms without progress waiting for flag >= 40, observed 5"}));
+    }
+    producer.join();
+  }
+}
 
 TEST(Stall, StallRankWithoutStageRunsNormally) {
   RefCase c = stall_cases()[0].base;
