@@ -21,7 +21,7 @@ struct ExpertWeights {
   std::vector<float> w_gate;
   std::vector<float> w_up;
   std::vector<float> w_down;
-  // Throws comet::Error if the sizes do not match the model.
+  // Throws comet::Error if the sizes do not match the model or a weight is NaN or infinite.
   void check(const ModelShape& model) const;
 };
 

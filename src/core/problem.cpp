@@ -13,6 +13,15 @@ void ExpertWeights::check(const ModelShape& m) const {
               "w_gate holds " << w_gate.size() << " values, expected "
                               << (is_gated(m.activation) ? per : 0) << " for activation "
                               << activation_name(m.activation));
+  // A NaN or infinite weight would make the output NaN without a word: named here.
+  const auto finite = [&](const std::vector<float>& w, const char* name, size_t rows, size_t cols) {
+    for (size_t i = 0; i < w.size(); ++i)
+      COMET_CHECK(std::isfinite(w[i]), name << " of expert " << i / (rows * cols) << " [" << (i / cols) % rows << "]["
+                                            << i % cols << "] is " << w[i] << " (not finite)");
+  };
+  finite(w_gate, "w_gate", m.hidden, m.ffn);
+  finite(w_up, "w_up", m.hidden, m.ffn);
+  finite(w_down, "w_down", m.ffn, m.hidden);
 }
 
 namespace {
