@@ -58,6 +58,19 @@ void expect_forward_matches_oracle(MoeLayer& layer, cuda::DeviceProblem& d, cons
   EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]}));
 }
 
+// Rank `me`'s output of the same layer with every rank on this process's GPU (Loopback): the
+// same kernels, plans and reduction orders as the Nccl run, so bitwise its reference.
+std::vector<float> loopback_y(const LayerConfig& c, const MoeProblem& p, const LayerOptions& o, int me, int device) {
+  auto loopback = fabric::make_loopback_fabric(c.layout.world, device);
+  MoeLayer alone(c, *loopback);
+  alone.set_weights(p.weights);
+  alone.set_options(o);
+  cuda::DeviceProblem all(c, p);
+  alone.forward(all.tensors(), nullptr);
+  alone.check(nullptr);
+  return all.download_y()[me];
+}
+
 TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
   COMET_REQUIRE_RUN();
   SCOPED_TRACE(who());
@@ -85,15 +98,7 @@ TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
         layer.forward(d.tensors(), nullptr);
         layer.check(nullptr);
         const std::vector<float> got = d.download_y()[0];
-
-        auto loopback = fabric::make_loopback_fabric(W, f.device_of(me));
-        MoeLayer alone(c, *loopback);
-        alone.set_weights(p.weights);
-        alone.set_options(o);
-        cuda::DeviceProblem all(c, p);
-        alone.forward(all.tensors(), nullptr);
-        alone.check(nullptr);
-        EXPECT_EQ(got, all.download_y()[me]) << "call " << call << ": Nccl and Loopback differ";
+        EXPECT_EQ(got, loopback_y(c, p, o, me, f.device_of(me))) << "call " << call << ": Nccl and Loopback differ";
         EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]})) << "call " << call;
       }
     }
@@ -129,14 +134,8 @@ TEST(MoeLayerNccl, RanksMayRunDifferentOptions) {
     layer.forward(d.tensors(), nullptr);
     layer.check(nullptr);
     const std::vector<float> got = d.download_y()[0];
-
-    auto loopback = fabric::make_loopback_fabric(W, f.device_of(me));
-    MoeLayer alone(c, *loopback);
-    alone.set_weights(p.weights);
-    cuda::DeviceProblem all(c, p);
-    alone.forward(all.tensors(), nullptr);
-    alone.check(nullptr);
-    EXPECT_EQ(got, all.download_y()[me]) << "differs from Loopback with default options";
+    EXPECT_EQ(got, loopback_y(c, p, LayerOptions{}, me, f.device_of(me)))
+        << "differs from Loopback with default options";
     EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]}));
   }
 }
