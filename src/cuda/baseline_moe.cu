@@ -198,7 +198,6 @@ struct BaselineMoe::Impl {
   bool have_weights = false;         // every local rank's
   std::vector<char> rank_weights_set;  // [W], local ranks only
   uint64_t heap_generation = 0;  // the fabric's, after this layer's allocate()
-  std::vector<int> rank_devices;  // of the local ranks, as tensor_check takes them
   cuda::RankTensorCheck tensor_check{{"BaselineMoe", true, "rows move 16 bytes at a time"}};
   // A second layer built on this fabric reallocated the heap under this one.
   void check_heap() const {
@@ -276,7 +275,6 @@ struct BaselineMoe::Impl {
     std::vector<int> issuer(config.layout.world, 0);
     for (int r = first; r < first + num_local; ++r) {
       const int device = fabric.device_of(r);
-      rank_devices.push_back(device);
       auto it = std::find_if(lanes.begin(), lanes.end(), [&](const Lane& l) { return l.device == device; });
       if (it == lanes.end()) it = lanes.insert(lanes.end(), Lane{device});
       it->ranks.push_back(r);
@@ -813,7 +811,7 @@ void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* strea
   COMET_CHECK(capture == cudaStreamCaptureStatusNone,
               "BaselineMoe: forward() cannot be captured in a CUDA graph: it reads the ranks' token counts on "
               "the host once per call (docs/baselines.md); MoeLayer's forward can be captured");
-  m.tensor_check.check(in, m.first, m.rank_devices, stream);
+  m.tensor_check.check(in, m.fabric, stream);
   m.check_heap();
   fabric::detail::DeviceGuard guard;
   m.begin(stream);

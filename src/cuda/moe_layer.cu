@@ -206,7 +206,6 @@ struct MoeLayer::Impl {
   // GEMMs and copies run on that plan, so they must not switch width before a new one.
   int planned_layer1_width = 0;
   uint64_t heap_generation = 0;              // the fabric's, after this layer's allocate()
-  std::vector<int> rank_devices;  // ranks[i].device, as tensor_check takes them
   cuda::RankTensorCheck tensor_check{{"MoeLayer", false, "the output is stored 16 bytes at a time"}};
   bool fused_path() const { return path.fused; }
   // SwiGLU (the presets' experts): GEMM0 + SwiGLU, fused or unfused. A plain activation (GELU,
@@ -814,7 +813,6 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     Impl::Rank& k = m.ranks[i];
     k.rank = first + i;
     k.device = fabric.device_of(k.rank);
-    m.rank_devices.push_back(k.device);
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
     // Entry p of each table: a region of rank p's heap, as addressed from this rank's device.
     const std::vector<void*> heaps = fabric.peer_table_host(k.rank);
@@ -1017,7 +1015,7 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
                                                                             << m.config.layout.world << ")");
   m.check_heap();
   m.check_current_device();
-  m.tensor_check.check(in, m.fabric.first_local_rank(), m.rank_devices, stream);
+  m.tensor_check.check(in, m.fabric, stream);
   // Trace buffers first: allocating them may throw, and must not once the plans advanced epochs.
   const bool traced = m.fused_path() && m.options.trace;
   if (traced) m.prepare_trace(stream);

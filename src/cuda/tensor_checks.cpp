@@ -37,14 +37,13 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void RankTensorCheck::check(const std::vector<RankTensors>& in, int first_rank, const std::vector<int>& devices,
-                            cudaStream_t stream) {
+void RankTensorCheck::check(const std::vector<RankTensors>& in, const fabric::Fabric& fabric, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   COMET_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const bool locate = capture == cudaStreamCaptureStatusNone;
   for (size_t i = 0; i < in.size(); ++i) {
     const RankTensors& t = in[i];
-    const int r = first_rank + int(i);
+    const int r = fabric.first_local_rank() + int(i);
     if (i < checked_.size() && same_pointers(t, checked_[i])) continue;
     const std::pair<const char*, const void*> named[] = {
         {"x", t.x}, {"expert_ids", t.expert_ids}, {"weights", t.weights}, {"num_tokens", t.num_tokens}, {"y", t.y}};
@@ -53,7 +52,7 @@ void RankTensorCheck::check(const std::vector<RankTensors>& in, int first_rank, 
       if (!locate) continue;
       cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
       COMET_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-      const std::string why = misplaced_tensor(p, devices[i]);
+      const std::string why = misplaced_tensor(p, fabric.device_of(r));
       COMET_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
       COMET_CHECK(why.empty(), rules_.layer << ": rank " << r << "'s " << name << " " << why
                                             << " (tensors are device memory of the rank's GPU)");

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "comet/layer.h"
+#include "fabric/fabric.h"
 
 namespace comet::cuda {
 
@@ -31,9 +32,9 @@ class RankTensorCheck {
   };
   explicit RankTensorCheck(Rules rules) : rules_(rules) {}
 
-  // in[i] belongs to rank first_rank + i, which runs on devices[i]. Throws comet::Error.
-  void check(const std::vector<RankTensors>& in, int first_rank, const std::vector<int>& devices,
-             cudaStream_t stream);
+  // in[i] belongs to the fabric's local rank first_local_rank() + i, on its device_of().
+  // Throws comet::Error.
+  void check(const std::vector<RankTensors>& in, const fabric::Fabric& fabric, cudaStream_t stream);
 
  private:
   Rules rules_;
