@@ -19,6 +19,7 @@
 #include "cuda/device_info.h"
 #include "cuda/random_fill.h"
 #include "fabric/fabric.h"
+#include "fabric/fabric_util.h"
 #include "io/trace_writers.h"
 #include "ref/oracle.h"
 
@@ -259,13 +260,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
   const std::vector<std::string> models = o.models.empty() ? ModelPresets::names() : o.models;
   std::vector<LayerBenchRow> rows;
   if (o.fabric == "nccl")  // the stream below must live on this rank's GPU (comet/layer.h)
-    if (const std::optional<ProcessEnv> env = read_process_env()) {
-      int devices = 0;
-      COMET_CUDA_CHECK(cudaGetDeviceCount(&devices));
-      COMET_CHECK(env->local_rank < devices, "LOCAL_RANK=" << env->local_rank << " but only " << devices
-                                                           << " GPU(s) are visible to this process (CUDA_VISIBLE_DEVICES?)");
-      COMET_CUDA_CHECK(cudaSetDevice(env->local_rank));
-    }
+    if (const std::optional<ProcessEnv> env = read_process_env())
+      fabric::detail::set_local_rank_device(env->local_rank);
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Workloads: layout-major, then model, tokens per rank and routing.

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/check.h"
 
@@ -23,6 +24,16 @@ inline int visible_devices() {
     return 0;
   }
   return count;
+}
+
+// Makes GPU `local_rank` current: the GPU a process of a multi-process run drives (LOCAL_RANK).
+// Throws comet::Error, prefixed by `context`, when no GPU or too few GPUs are visible.
+inline void set_local_rank_device(int local_rank, const std::string& context = "") {
+  const int devices = visible_devices();
+  COMET_CHECK(devices > 0, context << "no CUDA device is visible");
+  COMET_CHECK(local_rank < devices, context << "LOCAL_RANK=" << local_rank << " but only " << devices
+                                            << " GPU(s) are visible to this process (CUDA_VISIBLE_DEVICES?)");
+  COMET_CUDA_CHECK(cudaSetDevice(local_rank));
 }
 
 // Restores the caller's current device on scope exit.

@@ -42,7 +42,6 @@ namespace comet::fabric {
 using detail::DeviceGuard;
 using detail::kHeapAlign;
 using detail::round_up;
-using detail::visible_devices;
 
 int nccl_compiled_version() { return NCCL_VERSION_CODE; }
 
@@ -212,11 +211,7 @@ class NcclFabric final : public Fabric {
                                                                 << " (several nodes need NCCL's GIN, not supported yet)");
 
     // 2. This process drives GPU LOCAL_RANK.
-    const int devices = visible_devices();
-    COMET_CHECK(devices > 0, context() << "no CUDA device is visible");
-    COMET_CHECK(env_.local_rank < devices, context() << "LOCAL_RANK=" << env_.local_rank << " but only " << devices
-                                                     << " GPU(s) are visible to this process (CUDA_VISIBLE_DEVICES?)");
-    COMET_CUDA_CHECK(cudaSetDevice(env_.local_rank));
+    detail::set_local_rank_device(env_.local_rank, context());
 
     // 3. The communicator id travels from rank 0 through the bootstrap file, one per fabric
     //    (suffix .0, .1, ...): a rank that makes its next fabric early must not read the id of
