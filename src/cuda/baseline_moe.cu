@@ -195,8 +195,24 @@ struct BaselineMoe::Impl {
   int caller = 0;                // during a call: the lane of the caller's stream
   std::vector<void*> peers;      // [W] every rank's heap as this process addresses it
   std::vector<void*> w0, w1;     // [W], local ranks only
-  bool have_weights = false;         // every local rank's
-  std::vector<char> rank_weights_set;  // [W], local ranks only
+  std::vector<char> weights_set;  // [W]: rank r's weights are installed (local ranks only)
+  bool have_weights() const {
+    for (int r = first; r < first + num_local; ++r)
+      if (!weights_set[size_t(r)]) return false;
+    return true;
+  }
+  // Rank r's weight buffers on the current device (the rank's), allocated once: w0
+  // [E/EP][n0][H], w1 [E/EP][H][F/TP], as element counts.
+  size_t w0_elements() const { return size_t(config.experts_per_rank()) * n0 * config.model.hidden; }
+  size_t w1_elements() const { return size_t(config.experts_per_rank()) * config.model.hidden * config.ffn_per_rank(); }
+  void allocate_weights(int r) {
+    if (!w0[r]) COMET_CUDA_CHECK(cudaMalloc(&w0[r], w0_elements() * 2));
+    if (!w1[r]) COMET_CUDA_CHECK(cudaMalloc(&w1[r], w1_elements() * 2));
+  }
+  void weights_installed(int r) {
+    weights_set[size_t(r)] = 1;
+    have_layout = false;  // grouped pointer arrays name the weights
+  }
   uint64_t heap_generation = 0;  // the fabric's, after this layer's allocate()
   cuda::RankTensorCheck tensor_check{{"BaselineMoe", true, "rows move 16 bytes at a time"}};
   // A second layer built on this fabric reallocated the heap under this one.
@@ -222,7 +238,7 @@ struct BaselineMoe::Impl {
   BaselineTraffic traffic;
 
   Impl(const LayerConfig& c, fabric::Fabric& f)
-      : config(c), fabric(f), heap(config), staging_layout(config) {}
+      : config(c), fabric(f), heap(config), staging_layout(config), weights_set(size_t(c.layout.world), 0) {}
   ~Impl() {
     // Work still in flight on the internal streams uses everything below; the cuBLAS handles
     // name the lanes' streams.
@@ -742,14 +758,11 @@ void BaselineMoe::set_weights(const ExpertWeights& weights) {
   for (int r = m.first; r < m.first + m.num_local; ++r) {
     const cuda::RankWeights w = cuda::slice_rank_weights(m.config, weights, r);
     COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(r)));
-    if (!m.w0[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w0[r], w.w0.size() * 2));
-    if (!m.w1[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w1[r], w.w1.size() * 2));
+    m.allocate_weights(r);
     COMET_CUDA_CHECK(cudaMemcpy(m.w0[r], w.w0.data(), w.w0.size() * 2, cudaMemcpyHostToDevice));
     COMET_CUDA_CHECK(cudaMemcpy(m.w1[r], w.w1.data(), w.w1.size() * 2, cudaMemcpyHostToDevice));
+    m.weights_installed(r);
   }
-  m.have_weights = true;
-  m.rank_weights_set.assign(size_t(m.config.layout.world), 1);
-  m.have_layout = false;  // grouped pointer arrays name the weights
 }
 
 void BaselineMoe::set_rank_weights(int rank, const RankExpertWeights& weights) {
@@ -759,16 +772,9 @@ void BaselineMoe::set_rank_weights(int rank, const RankExpertWeights& weights) {
                                        << m.config.layout.world << ")");
   fabric::detail::DeviceGuard guard;
   COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(rank)));
-  const size_t epr = m.config.experts_per_rank(), H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
-  if (!m.w0[rank]) COMET_CUDA_CHECK(cudaMalloc(&m.w0[rank], epr * m.n0 * H * 2));
-  if (!m.w1[rank]) COMET_CUDA_CHECK(cudaMalloc(&m.w1[rank], epr * H * Fl * 2));
+  m.allocate_weights(rank);
   cuda::copy_rank_weights(m.config, weights, m.w0[rank], m.w1[rank]);
-  m.rank_weights_set.resize(size_t(m.config.layout.world), 0);
-  m.rank_weights_set[size_t(rank)] = 1;
-  bool all = true;
-  for (int r = m.first; r < m.first + m.num_local; ++r) all = all && m.rank_weights_set[size_t(r)];
-  m.have_weights = all;
-  m.have_layout = false;  // grouped pointer arrays name the weights
+  m.weights_installed(rank);
 }
 
 // The streams and scales of MoeLayer::set_random_weights, over the same layouts: rank r's
@@ -776,27 +782,23 @@ void BaselineMoe::set_rank_weights(int rank, const RankExpertWeights& weights) {
 void BaselineMoe::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;
   fabric::detail::DeviceGuard guard;
-  const size_t epr = m.config.experts_per_rank(), H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
-  const size_t n0 = epr * m.n0 * H, n1 = epr * H * Fl;
+  const size_t H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
   for (int r = m.first; r < m.first + m.num_local; ++r) {
     COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(r)));
-    if (!m.w0[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w0[r], n0 * 2));
-    if (!m.w1[r]) COMET_CUDA_CHECK(cudaMalloc(&m.w1[r], n1 * 2));
-    cuda::fill_uniform_bf16(m.w0[r], n0, seed * 64 + 2 * r, 1.f / std::sqrt(float(H)));
-    cuda::fill_uniform_bf16(m.w1[r], n1, seed * 64 + 2 * r + 1, 1.f / std::sqrt(float(Fl)));
+    m.allocate_weights(r);
+    cuda::fill_uniform_bf16(m.w0[r], m.w0_elements(), seed * 64 + 2 * r, 1.f / std::sqrt(float(H)));
+    cuda::fill_uniform_bf16(m.w1[r], m.w1_elements(), seed * 64 + 2 * r + 1, 1.f / std::sqrt(float(Fl)));
   }
   for (const Lane& l : m.lanes) {
     Impl::use(l);
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  m.have_weights = true;
-  m.rank_weights_set.assign(size_t(m.config.layout.world), 1);
-  m.have_layout = false;
+  for (int r = m.first; r < m.first + m.num_local; ++r) m.weights_installed(r);
 }
 
 void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* stream) {
   Impl& m = *impl_;
-  COMET_CHECK(m.have_weights, "BaselineMoe: set_weights(), set_random_weights() or set_rank_weights() for every local "
+  COMET_CHECK(m.have_weights(), "BaselineMoe: set_weights(), set_random_weights() or set_rank_weights() for every local "
                               "rank must be called before forward()");
   COMET_CHECK(int(in.size()) == m.num_local,
               "BaselineMoe: forward got tensors for " << in.size() << " ranks, this process drives " << m.num_local

@@ -179,7 +179,9 @@ struct MoeLayer::Impl {
   bool per_rank_streams = false;
   std::map<int, cudaEvent_t> fork_events;  // per device of a caller's stream
   std::string unusable;                     // why forward() refuses (after a multi-process error)
-  bool have_weights = false;  // every local rank's (Rank::weights_set)
+  bool have_weights() const {  // every local rank's
+    return std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.weights_set; });
+  }
 
   // Rank k's weight buffers on its (current) device, allocated once: w0 [E/EP][n_b][H], w1
   // [E/EP][H][F/TP], as element counts.
@@ -191,10 +193,6 @@ struct MoeLayer::Impl {
   void allocate_weights(Rank& k) const {
     if (!k.w0) COMET_CUDA_CHECK(cudaMalloc(&k.w0, w0_elements() * 2));
     if (!k.w1) COMET_CUDA_CHECK(cudaMalloc(&k.w1, w1_elements() * 2));
-  }
-  void weights_installed(Rank& k) {
-    k.weights_set = true;
-    have_weights = std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.weights_set; });
   }
   LayerOptions options;
   TuningTable tuning;
@@ -914,7 +912,7 @@ void MoeLayer::set_random_weights(uint64_t seed) {
     cuda::fill_uniform_bf16(k.w0, m.w0_elements(), seed * 64 + 2 * k.rank, 1.f / std::sqrt(float(H)));
     cuda::fill_uniform_bf16(k.w1, m.w1_elements(), seed * 64 + 2 * k.rank + 1, 1.f / std::sqrt(float(Fl)));
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
-    m.weights_installed(k);
+    k.weights_set = true;
   }
 }
 
@@ -930,13 +928,13 @@ void MoeLayer::set_rank_weights(int rank, const RankExpertWeights& weights) {
   COMET_CUDA_CHECK(cudaSetDevice(k.device));
   m.allocate_weights(k);
   cuda::copy_rank_weights(m.config, weights, k.w0, k.w1);
-  m.weights_installed(k);
+  k.weights_set = true;
 }
 
 void MoeLayer::run_part(Part part, CUstream_st* stream) {
   Impl& m = *impl_;
   m.check_heap();
-  COMET_CHECK(m.have_weights, "MoeLayer: set weights and run forward() once before run_part()");
+  COMET_CHECK(m.have_weights(), "MoeLayer: set weights and run forward() once before run_part()");
   if (part == Part::kBarrier) {  // the forward's barrier (counts in its sequence); on one stream, stream order
     if (m.per_rank_streams) m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) { m.barrier(k, 2, s); }});
     return;
@@ -999,14 +997,14 @@ void MoeLayer::set_weights(const ExpertWeights& w) {
     m.allocate_weights(k);
     COMET_CUDA_CHECK(cudaMemcpy(k.w0, w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
     COMET_CUDA_CHECK(cudaMemcpy(k.w1, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
-    m.weights_installed(k);
+    k.weights_set = true;
   }
 }
 
 void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) {
   Impl& m = *impl_;
   COMET_CHECK(m.unusable.empty(), "MoeLayer: " << m.unusable);
-  COMET_CHECK(m.have_weights, "MoeLayer: set_weights(), or set_rank_weights() for every local rank, must be called "
+  COMET_CHECK(m.have_weights(), "MoeLayer: set_weights(), or set_rank_weights() for every local rank, must be called "
                               "before forward()");
   const int first = m.fabric.first_local_rank(), local = m.fabric.num_local_ranks();
   COMET_CHECK(int(in.size()) == local, "MoeLayer: forward got tensors for " << in.size() << " ranks, this process drives "
