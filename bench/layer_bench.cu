@@ -162,8 +162,8 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
                        fabric::Fabric& layer_fabric, LayerBenchRow& row, Baselines& b) {
   size_t free_bytes = 0, total_bytes = 0;
   COMET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  // device_bytes counts every rank; with one GPU per rank, each holds one rank's share.
-  const int64_t need = BaselineMoe::device_bytes(c) / (o.fabric == "loopback" ? 1 : c.layout.world);
+  // device_bytes counts every rank; each GPU holds its ranks' share.
+  const int64_t need = BaselineMoe::device_bytes(c) / layer_fabric.gpus();
   const bool fits_here = double(need) <= 0.9 * double(free_bytes);
   const bool fits_everywhere = layer_fabric.min_max(fits_here, "whether the baselines fit in GPU memory").first == 1;
   if (!fits_everywhere) {
@@ -219,8 +219,10 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
   title << "comet bench layer: " << row.model << ", " << row.tokens << " tokens per rank, W " << row.world << " = EP "
         << row.ep << " x TP " << row.tp << ", fused kernels, n_comm " << row.n_comm0 << "/" << row.n_comm1 << ", "
         << info.name << " (" << info.num_sms << " SMs), "
-        << (o.fabric == "loopback" ? "loopback fabric: the ranks' kernels run one after another"
-                                   : o.fabric + " fabric: one GPU per rank");
+        << (row.ranks_per_gpu == row.world ? o.fabric + " fabric: the ranks' kernels run one after another"
+            : row.ranks_per_gpu > 1
+                ? o.fabric + " fabric: " + std::to_string(row.ranks_per_gpu) + " ranks per GPU, one after another on each"
+                : o.fabric + " fabric: one GPU per rank");
   t.title = title.str();
   // With one process per rank each writes its own rank's timeline, "-rank<r>" before ".json".
   const bool per_process = o.fabric == "nccl";
@@ -432,13 +434,14 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
                 row.chunked_chunks = o.chunks[i];
               }
           }
+          row.ranks_per_gpu = c.layout.world / fabric->gpus();
           if (!o.trace_path.empty()) trace_row(layer, fused, *in, c, o, total > 1, want, row, stream);
           // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
           row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
           row.link = o.link;
           row.remote_bytes = remote_bytes;
-          row.ranks_take_turns = o.fabric == "loopback";
-          row.lower_bound_us = row.ranks_take_turns ? cost.serial_lower_bound_us : cost.lower_bound_us;
+          row.lower_bound_us = row.ranks_per_gpu > 1 ? cost.serial_lower_bound_us * row.ranks_per_gpu / c.layout.world
+                                                     : cost.lower_bound_us;
           row.bound_by = cost.bound_by;
           row.bound_gpu = gpu.name;
           row.bound_link_gbps = gpu.link_gbps;

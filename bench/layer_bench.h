@@ -100,12 +100,13 @@ struct LayerBenchRow {
   double fused_over_compute() const { return fused_us / compute_us; }
   double fused_tflops() const { return flop / fused_us * 1e-6; }
 
-  // Communication and bounds (core/bench_metrics.h). On the loopback fabric the W ranks take
-  // turns on one GPU; on the others they run in parallel, one GPU each.
-  bool ranks_take_turns = true;
+  // Communication and bounds (core/bench_metrics.h). The ranks of one GPU take turns on it: the
+  // loopback fabric's W, the local fabric's W / GPUs, one per GPU otherwise.
+  int ranks_per_gpu = 1;
   LinkEmulation link;       // what paced the copies (off: local copies)
   double remote_bytes = 0;  // Comet's dispatch + combine rows between different ranks, all ranks
-  // The cost model's bound (ranks taking turns: LayerCost::serial_lower_bound_us, else lower_bound_us)
+  // The cost model's bound (ranks taking turns: the share of LayerCost::serial_lower_bound_us of one
+  // GPU's ranks, serial_lower_bound_us * ranks_per_gpu / W; else lower_bound_us)
   // for this GPU's rates, the emulated link rate when on; bound_gpu names the rates used.
   double lower_bound_us = 0;
   std::string bound_by, bound_gpu;

@@ -19,9 +19,9 @@ std::string fixed(double v, int precision, const char* suffix = "") {
 }  // namespace
 
 double LayerBenchRow::hidden_fraction() const { return core::hidden_fraction(fused_us, compute_us, comm_us); }
-double LayerBenchRow::comm_link_gbps() const { return core::link_gbps_per_direction(remote_bytes, world, comm_us, ranks_take_turns); }
+double LayerBenchRow::comm_link_gbps() const { return core::link_gbps_per_direction(remote_bytes, world, comm_us, ranks_per_gpu); }
 double LayerBenchRow::fused_link_gbps() const {
-  return core::link_gbps_per_direction(remote_bytes, world, fused_us, ranks_take_turns);
+  return core::link_gbps_per_direction(remote_bytes, world, fused_us, ranks_per_gpu);
 }
 double LayerBenchRow::fused_over_bound() const { return core::bound_ratio(fused_us, lower_bound_us); }
 
@@ -89,9 +89,13 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
     if (i == 0 || !same_workload(rows[i], rows[i - 1]))
       os << rows[i].model << " T=" << rows[i].tokens << " EPxTP=" << rows[i].ep << "x" << rows[i].tp << " routing "
          << rows[i].routing << ": default path (ForwardPath::kTuned) " << rows[i].path_source << "\n";
-  os << "lower bound: cost model with the W ranks " << (first.ranks_take_turns ? "one after another, " : "in parallel, ")
+  const bool turns = first.ranks_per_gpu > 1;
+  os << "lower bound: cost model with "
+     << (first.ranks_per_gpu == first.world ? "the W ranks one after another, "
+         : turns ? "the " + std::to_string(first.ranks_per_gpu) + " ranks of each GPU one after another, "
+                 : std::string("the W ranks in parallel, "))
      << first.bound_gpu << " (link "
-     << fixed(first.bound_link_gbps, 0) << " GB/s per direction); GB/s are per link direction" << (first.ranks_take_turns ? ", ranks taking turns; " : "; ")
+     << fixed(first.bound_link_gbps, 0) << " GB/s per direction); GB/s are per link direction" << (turns ? ", ranks taking turns; " : "; ")
      << link << "\n";
   for (const auto& r : rows) {
     if (r.baselines_run())

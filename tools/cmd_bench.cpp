@@ -234,7 +234,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.trace_ranks = o.trace_ranks;
   const cuda::DeviceInfo info = cuda::query_device_info();
   const std::string ranks = o.fabric == "loopback" ? "virtual ranks on one GPU (loopback fabric)"
-                            : o.fabric == "local"  ? "ranks, one GPU each, one process (local fabric)"
+                            : o.fabric == "local"  ? "ranks spread evenly over the visible GPUs, one process (local fabric)"
                                                    : "ranks, one GPU and process each (nccl fabric; rank 0 timed)";
   if (!quiet)
     std::cerr << "comet bench layer: " << info.name << " (" << info.num_sms << " SMs), "

@@ -289,7 +289,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   add_workload_options(*cmd, o.workload, kCpuTiles);
   cmd->add_option("--backend", o.backend, "auto, cpu or cuda")->capture_default_str()->group("Backend");
   cmd->add_option("--fabric", o.fabric,
-                  "cuda: loopback (W virtual ranks on one GPU), local (one GPU per rank, one process) or nccl "
+                  "cuda: loopback (W virtual ranks on one GPU), local (the ranks over the visible GPUs, one process) or nccl "
                   "(one process per rank, under `comet launch`)")
       ->capture_default_str()
       ->group("Backend");

@@ -69,12 +69,13 @@ int tune_command(const TuneOptions& o) {
   lo.fabric = o.fabric;
   // With one process per rank every rank measures (the forward needs all of them); rank 0 writes.
   const bool quiet = quiet_rank(o.fabric);
-  const int world = o.ep * o.tp, gpus = o.fabric == "loopback" ? 1 : world;
+  const int world = o.ep * o.tp;
   if (!quiet)
     std::cerr << "comet tune: " << info.name << " (" << info.num_sms << " SMs), W " << world << " = EP " << o.ep
               << " x TP " << o.tp
-              << (gpus == 1 ? " virtual ranks on one GPU (loopback fabric), "
-                            : " ranks, one GPU each (" + o.fabric + " fabric), ")
+              << (o.fabric == "loopback" ? " virtual ranks on one GPU (loopback fabric), "
+                  : o.fabric == "local"  ? " ranks spread evenly over the visible GPUs (local fabric), "
+                                         : " ranks, one GPU each (" + o.fabric + " fabric), ")
               << o.n_comm0.size() * o.n_comm1.size() << " n_comm pairs x " << o.layer0_copies.size() << " x "
               << o.dispatch_orders.size() << " layer0 modes x " << o.layer1_combine.size()
               << " layer1 combines per workload, median of " << o.iters << "\n";
@@ -91,6 +92,7 @@ int tune_command(const TuneOptions& o) {
     LayerConfig c;
     c.model = ModelPresets::get(r.model);
     c.layout = {r.world, r.ep, r.tp};
+    const int gpus = r.world / r.ranks_per_gpu;  // the GPUs the fabric spread the ranks over
     samples.push_back({tuning_key(c, info.name, info.num_sms, r.tokens, gpus), r.n_comm0, r.n_comm1, r.fused_us,
                        r.unfused_us, r.layer0, r.layer1_combine});
   }

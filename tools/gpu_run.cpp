@@ -27,7 +27,7 @@ GpuRun run_on_gpu(const LayerConfig& config, const MoeProblem& p, const GpuRunOp
   auto fabric = fabric::make_fabric(options.fabric, W);
   out.fabric = options.fabric;
   out.first_rank = fabric->first_local_rank();
-  out.devices = options.fabric == "loopback" ? 1 : fabric->num_local_ranks();
+  out.devices = fabric->num_local_ranks() < W ? 1 : fabric->gpus();  // this process's GPUs
   MoeLayer layer(config, *fabric);
   out.tiles = layer.config().tiles;
   layer.set_weights(p.weights);

@@ -14,9 +14,10 @@
 // ranks in rank order (fp32) into y (bf16).
 //
 // Fabrics (docs/baselines.md): the object drives the fabric's local ranks. Loopback: every
-// rank on one GPU. Local: one rank per GPU, each rank's kernels on its GPU. Nccl: this
-// process's rank; the all-to-alls are NCCL send/recv groups, and the constructor, forward() and
-// run_part() are collective (every rank calls them in the same order, with the same options).
+// rank on one GPU. Local: the ranks spread over the GPUs (fabric.device_of), each rank's kernels
+// on its GPU. Nccl: this process's rank; the all-to-alls are NCCL send/recv groups, and the
+// constructor, forward() and run_part() are collective (every rank calls them in the same
+// order, with the same options).
 //
 // Contract:
 // - Tensors are those of comet/layer.h (bf16 x and y [T_max][H], routing [T_max][topk], the

@@ -29,8 +29,9 @@ struct TuningKey {
   int hidden = 0, ffn = 0, num_experts = 0, topk = 0;
   int world = 0, ep = 0, tp = 0;
   // GPUs the W ranks run on: 1 for virtual ranks on one GPU (Loopback: the ranks take turns and
-  // communication is a local copy), W for one rank per GPU (Local, Nccl). The same layout has
-  // different optima on the two, so their entries never stand in for each other.
+  // communication is a local copy), W for one rank per GPU (Local, Nccl), a divisor between for
+  // the Local fabric with several ranks per GPU. The same layout has different optima on each,
+  // so their entries never stand in for each other.
   int gpus = 1;
   int tokens_per_rank = 0;
   // Everything but tokens_per_rank equal.

@@ -12,10 +12,10 @@ double hidden_fraction(double fused_us, double compute_us, double comm_us) {
   return std::clamp((compute_us + comm_us - fused_us) / comm_us, 0.0, 1.0);
 }
 
-double link_gbps_per_direction(double remote_bytes, int world, double time_us, bool ranks_take_turns) {
-  if (!(time_us > 0) || world < 1) return 0;
+double link_gbps_per_direction(double remote_bytes, int world, double time_us, int ranks_per_gpu) {
+  if (!(time_us > 0) || world < 1 || ranks_per_gpu < 1) return 0;
   const double per_rank_bytes = remote_bytes / world;
-  const double per_rank_us = ranks_take_turns ? time_us / world : time_us;
+  const double per_rank_us = time_us / ranks_per_gpu;
   return per_rank_bytes / (per_rank_us * 1e3);  // bytes per us / 1e3 = GB/s
 }
 

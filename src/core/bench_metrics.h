@@ -15,9 +15,10 @@ double hidden_fraction(double fused_us, double compute_us, double comm_us);
 
 // Average rate of one link direction, GB/s: every byte of remote_bytes leaves one rank and
 // enters another, so each rank's outgoing (and incoming) direction carries remote_bytes / W on
-// average. When the ranks take turns on one GPU (Loopback) each holds it for time_us / W, so the
-// rate is remote_bytes / time_us; ranks on their own GPUs all run for time_us. 0 when time_us <= 0.
-double link_gbps_per_direction(double remote_bytes, int world, double time_us, bool ranks_take_turns);
+// average. The ranks of one GPU take turns on it, each holding it for time_us / ranks_per_gpu:
+// on one GPU (Loopback, ranks_per_gpu = W) the rate is remote_bytes / time_us; ranks on GPUs of
+// their own (ranks_per_gpu = 1) all run for time_us. 0 when time_us <= 0 or ranks_per_gpu < 1.
+double link_gbps_per_direction(double remote_bytes, int world, double time_us, int ranks_per_gpu);
 
 // time_us / bound_us: 1 is at the lower bound, larger is slower. 0 when bound_us <= 0.
 double bound_ratio(double time_us, double bound_us);

@@ -24,8 +24,9 @@ std::string TuningKey::describe() const {
 }
 
 TuningKey tuning_key(const LayerConfig& c, const std::string& gpu, int num_sms, int tokens_per_rank, int gpus) {
-  COMET_CHECK(gpus == 1 || gpus == c.layout.world,
-              "tuning key: " << gpus << " GPUs for W = " << c.layout.world << " ranks (1 or W)");
+  COMET_CHECK(gpus >= 1 && c.layout.world % gpus == 0,
+              "tuning key: " << gpus << " GPUs for W = " << c.layout.world << " ranks (a divisor of W: 1, W, or "
+                             << "W / ranks per GPU)");
   return {gpu, num_sms, c.model.hidden, c.model.ffn, c.model.num_experts, c.model.topk,
           c.layout.world, c.layout.ep, c.layout.tp, gpus, tokens_per_rank};
 }

@@ -19,7 +19,7 @@
 // issues dispatch c+1 before waiting for compute c.
 //
 // Where the work runs: the local ranks are grouped into lanes, one per GPU (Loopback: one lane
-// with every rank; Local: one lane per rank; Nccl: the process's rank). A lane's main stream is
+// with every rank; Local: one lane per GPU; Nccl: the process's rank). A lane's main stream is
 // the caller's stream when that is on the lane's GPU, else an internal stream forked from the
 // caller's stream and joined back into it with events. The all-to-alls (cuda::AllToAllPlan):
 // copy kernels, each lane pushing what its ranks send, when this process drives every rank;

@@ -148,12 +148,18 @@ struct MoeLayer::Impl {
     // link pacers of dispatch and combine (cuda/link_pace.h), then the rank barrier's generation
     // (cuda/rank_barrier.h).
     uint64_t* epochs = nullptr;
-    // One stream per rank only: the rank's stream on its device, and the event that marks the
-    // end of its work of a call.
+  };
+  std::vector<Rank> ranks;  // this process's ranks: entry i is rank fabric.first_local_rank() + i
+  // The local ranks of one GPU: entries [first, first + count) of `ranks` (a fabric puts the
+  // ranks of a GPU next to each other). With group_streams, the group's stream on its device,
+  // and the event that marks the end of its work of a call.
+  struct Group {
+    int device = 0;
+    int first = 0, count = 0;
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;
   };
-  std::vector<Rank> ranks;  // this process's ranks: entry i is rank fabric.first_local_rank() + i
+  std::vector<Group> groups;
   // Timeline buffers (LayerOptions::trace), one allocation per local rank made by the first
   // traced forward and zeroed before each one; every record is a KernelTraceEvent (32 bytes):
   //   tiles0  [MT * NB0]  layer0 GEMM tiles, slot = tile index
@@ -176,7 +182,10 @@ struct MoeLayer::Impl {
   } trace;
   int num_sms = 0;
   int local_index(const Rank& k) const { return k.rank - fabric.first_local_rank(); }
-  bool per_rank_streams = false;
+  // Ranks on several GPUs or in several processes: each GPU's ranks run on a stream of their own
+  // and meet the other GPUs' in barrier kernels. Otherwise every rank runs on the caller's
+  // stream and stream order is the barrier.
+  bool group_streams = false;
   std::map<int, cudaEvent_t> fork_events;  // per device of a caller's stream
   std::string unusable;                     // why forward() refuses (after a multi-process error)
   bool have_weights() const {  // every local rank's
@@ -243,7 +252,7 @@ struct MoeLayer::Impl {
     if (combine_given) layer1 = {*options.layer1_combine, "options"};
     if (!tuned_path && n_comm_given && mode_given && combine_given) return;  // nothing to look up
     const cuda::DeviceInfo& info = device_info;
-    const int gpus = fabric.name() == "loopback" ? 1 : config.layout.world;  // virtual ranks share one GPU
+    const int gpus = fabric.gpus();  // Loopback 1: the virtual ranks share one GPU
     const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
     if (tuned_path && gated()) path = choose_path(&tuning, key);
     if (!mode_given) {
@@ -551,57 +560,71 @@ struct MoeLayer::Impl {
       cuda::launch_kernel(owner_reduce_kernel, grid, dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(), batch);
     }
   }
-  void barrier(const Rank& k, int which, cudaStream_t s) const {
+  // The forward's barrier number `which` for `count` ranks of one GPU from `first` (one launch).
+  void barrier(const Rank* first, int count, int which, cudaStream_t s) const {
     cuda::RankBarrierArgs a;
-    a.peers = fabric.peer_table(k.rank);
+    COMET_CHECK(count <= cuda::kMaxBarrierRanks, "MoeLayer: " << count << " ranks on one GPU, the barrier passes "
+                                                              << cuda::kMaxBarrierRanks << " at most");
+    a.count = count;
+    for (int i = 0; i < count; ++i) {
+      const Rank& k = first[i];
+      a.ranks[i] = {fabric.peer_table(k.rank), barrier_generation(k), k.error, k.rank};
+    }
     a.counter_offset = layout.region("barrier").offset_bytes;
-    a.generation = barrier_generation(k);
-    a.rank = k.rank;
     a.world = config.layout.world;
     a.which = which;
     a.timeout_ns = timeout_ns();
-    a.error = k.error;
     cuda::rank_barrier(a, s);
   }
 
   // ---- Running the steps of every local rank.
   // One stream: each step for every rank, in rank order, on the caller's stream.
-  // Per-rank streams: the ranks' streams start after the caller's work so far, each step runs
-  // for every rank on its own device and stream, and the caller's stream continues after all of
-  // them. Steps are enqueued step-major: a rank's barrier kernel can spin on its GPU only until
-  // the host has enqueued the other ranks' barriers, never behind a later launch of its own
-  // (with lazy module loading, a first launch may wait for the device's running kernels).
+  // Group streams: the groups' streams start after the caller's work so far, each step runs for
+  // every group on its own device and stream (for the group's ranks in rank order), and the
+  // caller's stream continues after all of them. Steps are enqueued step-major: a group's
+  // barrier kernel can spin on its GPU only until the host has enqueued the other groups'
+  // barriers, never behind a later launch of its own (with lazy module loading, a first launch
+  // may wait for the device's running kernels).
   // The caller's stream belongs to the current device (the CUDA convention; cudaStreamGetDevice
   // is not allowed during graph capture).
+  using GroupStep = std::function<void(const Rank* first, int count, cudaStream_t)>;
   using Step = std::function<void(const Rank&, cudaStream_t)>;
-  void on_ranks(cudaStream_t caller, std::initializer_list<Step> steps) {
-    if (!per_rank_streams) {
-      for (const Step& step : steps)
-        for (const Rank& k : ranks) step(k, caller);
+  void on_groups(cudaStream_t caller, const std::vector<GroupStep>& steps) {
+    if (!group_streams) {
+      for (const GroupStep& step : steps) step(ranks.data(), int(ranks.size()), caller);
       return;
     }
     DeviceGuard guard;
     int caller_device = 0;
     COMET_CUDA_CHECK(cudaGetDevice(&caller_device));
-    if (ranks.size() == 1 && ranks[0].device == caller_device) {  // one rank per process, on its device
-      for (const Step& step : steps) step(ranks[0], caller);
+    if (groups.size() == 1 && groups[0].device == caller_device) {  // one process per GPU, on its device
+      for (const GroupStep& step : steps) step(ranks.data(), int(ranks.size()), caller);
       return;
     }
     cudaEvent_t& fork = fork_events[caller_device];
     if (!fork) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     COMET_CUDA_CHECK(cudaEventRecord(fork, caller));
-    for (const Rank& k : ranks) COMET_CUDA_CHECK(cudaStreamWaitEvent(k.stream, fork, 0));
-    for (const Step& step : steps)
-      for (const Rank& k : ranks) {
-        COMET_CUDA_CHECK(cudaSetDevice(k.device));
-        step(k, k.stream);
+    for (const Group& g : groups) COMET_CUDA_CHECK(cudaStreamWaitEvent(g.stream, fork, 0));
+    for (const GroupStep& step : steps)
+      for (const Group& g : groups) {
+        COMET_CUDA_CHECK(cudaSetDevice(g.device));
+        step(&ranks[g.first], g.count, g.stream);
       }
-    for (const Rank& k : ranks) {
-      COMET_CUDA_CHECK(cudaSetDevice(k.device));
-      COMET_CUDA_CHECK(cudaEventRecord(k.done, k.stream));
+    for (const Group& g : groups) {
+      COMET_CUDA_CHECK(cudaSetDevice(g.device));
+      COMET_CUDA_CHECK(cudaEventRecord(g.done, g.stream));
     }
     COMET_CUDA_CHECK(cudaSetDevice(caller_device));
-    for (const Rank& k : ranks) COMET_CUDA_CHECK(cudaStreamWaitEvent(caller, k.done, 0));
+    for (const Group& g : groups) COMET_CUDA_CHECK(cudaStreamWaitEvent(caller, g.done, 0));
+  }
+  // Steps of one rank each, run for every rank of a group in turn.
+  void on_ranks(cudaStream_t caller, std::initializer_list<Step> steps) {
+    std::vector<GroupStep> each;
+    for (const Step& step : steps)
+      each.push_back([&step](const Rank* first, int count, cudaStream_t s) {
+        for (int i = 0; i < count; ++i) step(first[i], s);
+      });
+    on_groups(caller, each);
   }
 
   void forward(const std::vector<RankTensors>& in, cudaStream_t stream) {
@@ -612,28 +635,37 @@ struct MoeLayer::Impl {
     // A fused launch that fails on the host after the plan kernels advanced the epoch bases
     // must not leave them advanced.
     try {
-      if (per_rank_streams) {
-        auto layer_steps = [&](const Rank& k, cudaStream_t s) {
-          if (fused_kernels) {
-            fused(k, 0, s);
-            fused(k, 1, s);
-          } else {
-            dispatch(k, s);
-            gemms(k, s);
-            combine(k, s);
+      if (group_streams) {
+        // A group's ranks one after the other on its stream: layer0 only pulls rows published
+        // before barrier 0 and layer1 only pushes, so no rank's kernel waits for another's.
+        auto layer_steps = [&](const Rank* first, int count, cudaStream_t s) {
+          for (int i = 0; i < count; ++i) {
+            const Rank& k = first[i];
+            if (fused_kernels) {
+              fused(k, 0, s);
+              fused(k, 1, s);
+            } else {
+              dispatch(k, s);
+              gemms(k, s);
+              combine(k, s);
+            }
           }
         };
-        on_ranks(stream, {[&](const Rank& k, cudaStream_t s) {
-                            const RankTensors* t = &tensors(k);
-                            publish(&k, &t, 1, s);
-                          },
-                          [&](const Rank& k, cudaStream_t s) { barrier(k, 0, s); },
-                          [&](const Rank& k, cudaStream_t s) { plans(&k, 1, signals, s); }, layer_steps,
-                          [&](const Rank& k, cudaStream_t s) { barrier(k, 1, s); },
-                          [&](const Rank& k, cudaStream_t s) {
-                            const RankTensors* t = &tensors(k);
-                            owner_reduce(&k, &t, 1, s);
-                          }});
+        auto inputs_of = [&](const Rank* first, int count) {
+          std::vector<const RankTensors*> t;
+          for (int i = 0; i < count; ++i) t.push_back(&tensors(first[i]));
+          return t;
+        };
+        on_groups(stream, {[&](const Rank* first, int count, cudaStream_t s) {
+                             publish(first, inputs_of(first, count).data(), count, s);
+                           },
+                           [&](const Rank* first, int count, cudaStream_t s) { barrier(first, count, 0, s); },
+                           [&](const Rank* first, int count, cudaStream_t s) { plans(first, count, signals, s); },
+                           layer_steps,
+                           [&](const Rank* first, int count, cudaStream_t s) { barrier(first, count, 1, s); },
+                           [&](const Rank* first, int count, cudaStream_t s) {
+                             owner_reduce(first, inputs_of(first, count).data(), count, s);
+                           }});
         return;
       }
       // One stream: phase by phase across ranks (a phase's kernels see every rank's previous
@@ -729,7 +761,7 @@ struct MoeLayer::Impl {
   // ranks' GPU. (The stream's own device is not asked: cudaStreamGetDevice is refused while the
   // stream is being captured; a stream of another GPU fails at the first launch.)
   void check_current_device() const {
-    if (per_rank_streams) return;  // forked to the ranks' own streams from any device
+    if (group_streams) return;  // forked to the groups' own streams from any device
     int current = 0;
     COMET_CUDA_CHECK(cudaGetDevice(&current));
     COMET_CHECK(current == ranks[0].device,
@@ -750,8 +782,11 @@ struct MoeLayer::Impl {
                       static_cast<void*>(r.id_table), static_cast<void*>(r.weight_table),
                       static_cast<void*>(r.epochs), static_cast<void*>(r.unfused_tiles[0])})
         if (p) cudaFree(p);
-      if (r.stream) cudaStreamDestroy(r.stream);
-      if (r.done) cudaEventDestroy(r.done);
+    }
+    for (Group& g : groups) {
+      cudaSetDevice(g.device);
+      if (g.stream) cudaStreamDestroy(g.stream);
+      if (g.done) cudaEventDestroy(g.done);
     }
     for (auto& [device, e] : fork_events) {
       cudaSetDevice(device);
@@ -790,16 +825,18 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
   Impl& m = *impl_;
   m.resolve_unfused_gemms();
   const int W = m.config.layout.world, first = fabric.first_local_rank(), local = fabric.num_local_ranks();
-  std::map<int, int> rank_on_device;
   for (int r = first; r < first + local; ++r) {
-    m.per_rank_streams = m.per_rank_streams || fabric.device_of(r) != fabric.device_of(first);
-    rank_on_device.emplace(fabric.device_of(r), r);
+    const int device = fabric.device_of(r);
+    if (m.groups.empty() || m.groups.back().device != device) {
+      for (const Impl::Group& g : m.groups)
+        COMET_CHECK(g.device != device, "MoeLayer: the " << fabric.name() << " fabric puts rank " << r << " on GPU "
+                                                          << device << " apart from that GPU's other ranks; the "
+                                                          << "ranks of a GPU must be consecutive");
+      m.groups.push_back({device, r - first, 0});
+    }
+    ++m.groups.back().count;
   }
-  m.per_rank_streams = m.per_rank_streams || local < W;
-  // Persistent kernels of two ranks on one GPU would need each other's SMs to finish.
-  COMET_CHECK(!m.per_rank_streams || int(rank_on_device.size()) == local,
-              "MoeLayer: two ranks of this process share a GPU while the ranks span several GPUs or processes; "
-              "each rank needs a GPU of its own there (or put every rank on one GPU: Loopback)");
+  m.group_streams = m.groups.size() > 1 || local < W;
   // Collective, before the heap: ranks that built different layers would otherwise fail later
   // and less clearly (a heap size, a timeout, wrong output).
   m.fabric.agree(config_fingerprint(m.config), "the MoeLayer's config", m.config.describe());
@@ -841,12 +878,14 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
       k.unfused_tiles[1] = k.unfused_tiles[0] + m.unfused_capacity[0];
       k.unfused_num_tiles = reinterpret_cast<int32_t*>(k.unfused_tiles[1] + m.unfused_capacity[1]);
     }
-    if (m.per_rank_streams) {
-      COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
-      COMET_CUDA_CHECK(cudaEventCreateWithFlags(&k.done, cudaEventDisableTiming));
-    }
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  if (m.group_streams)
+    for (Impl::Group& g : m.groups) {
+      COMET_CUDA_CHECK(cudaSetDevice(g.device));
+      COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+      COMET_CUDA_CHECK(cudaEventCreateWithFlags(&g.done, cudaEventDisableTiming));
+    }
   // The tuning key's GPU name and SM count, and the layer's grids, from the device of the first
   // local rank (with one process per GPU, this process's GPU, not device 0).
   m.device_info = cuda::query_device_info(m.ranks[0].device);
@@ -878,7 +917,7 @@ void MoeLayer::set_options(const LayerOptions& o) {
   COMET_CHECK(link.ok, "MoeLayer: " << link.reason);
   // The emulated link stands in for the links of a node whose ranks share one GPU; ranks on GPUs
   // of their own have real links, and pacing them too would time neither.
-  COMET_CHECK(!o.link.on() || !impl_->per_rank_streams,
+  COMET_CHECK(!o.link.on() || !impl_->group_streams,
               "MoeLayer: link emulation stands for a node on one GPU; it needs every rank on one GPU (the loopback "
               "fabric), not the " << impl_->fabric.name() << " fabric's real links");
   if (o.layer0_copies == Layer0Copies::kGemmBlocks) {
@@ -936,7 +975,8 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
   m.check_heap();
   COMET_CHECK(m.have_weights(), "MoeLayer: set weights and run forward() once before run_part()");
   if (part == Part::kBarrier) {  // the forward's barrier (counts in its sequence); on one stream, stream order
-    if (m.per_rank_streams) m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) { m.barrier(k, 2, s); }});
+    if (m.group_streams)
+      m.on_groups(stream, {[&](const Impl::Rank* first, int count, cudaStream_t s) { m.barrier(first, count, 2, s); }});
     return;
   }
   COMET_CHECK(part != Part::kFusedGemms || m.gated(),
@@ -948,8 +988,10 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
               "MoeLayer: run_part: the last plan has layer1 column blocks of "
                   << m.planned_layer1_width << " columns, the options now " << m.layer1_col_width()
                   << " (LayerOptions::layer1_combine changed); run forward() or run_part(kPlan) first");
-  if (part == Part::kPlan && !m.per_rank_streams) {  // one launch for every rank, as in forward()
-    m.plans(m.ranks.data(), int(m.ranks.size()), Impl::Signals::kOff, stream);
+  if (part == Part::kPlan) {  // one launch for every rank of a GPU, as in forward()
+    m.on_groups(stream, {[&](const Impl::Rank* first, int count, cudaStream_t s) {
+                  m.plans(first, count, Impl::Signals::kOff, s);
+                }});
     return;
   }
   m.on_ranks(stream, {[&](const Impl::Rank& k, cudaStream_t s) {
@@ -957,8 +999,6 @@ void MoeLayer::run_part(Part part, CUstream_st* stream) {
                  m.gemms(k, s, Impl::Gemm1Rows::kComputeOnly);
                } else if (part == Part::kFusedGemms) {
                  m.fused_gemms_only(k, s);
-               } else if (part == Part::kPlan) {
-                 m.plans(&k, 1, Impl::Signals::kOff, s);
                } else {
                  m.dispatch(k, s);
                  m.combine(k, s);

@@ -116,6 +116,7 @@ class LoopbackFabric final : public Fabric {
     check_local(rank, "device_of");
     return device_;
   }
+  int gpus() const override { return 1; }
   int64_t bytes_per_rank() const override { return bytes_; }
   void run_allocate(int64_t bytes) override {
     COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
@@ -162,14 +163,14 @@ class LoopbackFabric final : public Fabric {
   std::vector<void*> bases_;
 };
 
+// W ranks over G GPUs (G divides W): ranks [g * W/G, (g + 1) * W/G) run on GPU g, each with a
+// heap of its own on its GPU; peer access is enabled between every pair of the G GPUs.
 class LocalFabric final : public Fabric {
  public:
-  explicit LocalFabric(int world) : world_(world) {
-    const int n = visible_devices();
-    COMET_CHECK(world >= 1 && world <= n, "local fabric: " << world << " ranks need as many GPUs, " << n << " visible");
+  LocalFabric(int world, int gpus) : world_(world), per_gpu_(world / gpus) {
     DeviceGuard guard;
-    for (int a = 0; a < world; ++a)
-      for (int b = 0; b < world; ++b) {
+    for (int a = 0; a < gpus; ++a)
+      for (int b = 0; b < gpus; ++b) {
         if (a == b) continue;
         int ok = 0;
         COMET_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, a, b));
@@ -187,8 +188,9 @@ class LocalFabric final : public Fabric {
   int num_local_ranks() const override { return world_; }
   int device_of(int rank) const override {
     check_local(rank, "device_of");
-    return rank;
+    return rank / per_gpu_;
   }
+  int gpus() const override { return world_ / per_gpu_; }
   int64_t bytes_per_rank() const override { return bytes_; }
   void run_allocate(int64_t bytes) override {
     COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
@@ -198,12 +200,12 @@ class LocalFabric final : public Fabric {
     heaps_.assign(world_, nullptr);
     tables_.assign(world_, nullptr);
     for (int r = 0; r < world_; ++r) {
-      COMET_CUDA_CHECK(cudaSetDevice(r));
+      COMET_CUDA_CHECK(cudaSetDevice(device_of(r)));
       COMET_CUDA_CHECK(cudaMalloc(&heaps_[r], std::max<int64_t>(bytes_, 256)));
       COMET_CUDA_CHECK(cudaMemset(heaps_[r], 0, std::max<int64_t>(bytes_, 256)));
     }
     for (int r = 0; r < world_; ++r) {  // with unified addressing a pointer is valid on every peer
-      COMET_CUDA_CHECK(cudaSetDevice(r));
+      COMET_CUDA_CHECK(cudaSetDevice(device_of(r)));
       COMET_CUDA_CHECK(cudaMalloc(&tables_[r], world_ * sizeof(void*)));
       COMET_CUDA_CHECK(cudaMemcpy(tables_[r], heaps_.data(), world_ * sizeof(void*), cudaMemcpyHostToDevice));
     }
@@ -232,7 +234,7 @@ class LocalFabric final : public Fabric {
     heaps_.clear();
     tables_.clear();
   }
-  int world_;
+  int world_, per_gpu_;
   int64_t bytes_ = 0;
   std::vector<void*> heaps_;
   std::vector<void**> tables_;
@@ -244,9 +246,20 @@ std::unique_ptr<Fabric> make_loopback_fabric(int world, int device) {
   return std::make_unique<LoopbackFabric>(world, device);
 }
 
+int local_fabric_gpus(int world, int visible) {
+  int gpus = std::max(1, std::min(world, visible));
+  while (world % gpus != 0) --gpus;
+  return gpus;
+}
+
 std::unique_ptr<Fabric> make_local_fabric(int world) {
+  COMET_CHECK(world >= 1, "local fabric: world must be >= 1, got " << world);
   if (world == 1) return make_loopback_fabric(1, 0);
-  return std::make_unique<LocalFabric>(world);
+  const int visible = visible_devices();
+  const int gpus = local_fabric_gpus(world, visible);
+  COMET_CHECK(gpus >= 2, "local fabric: " << world << " ranks need at least 2 GPUs that divide them evenly, "
+                                          << visible << " visible (on one GPU use the loopback fabric)");
+  return std::make_unique<LocalFabric>(world, gpus);
 }
 
 std::unique_ptr<Fabric> make_fabric(const std::string& kind, int world) {

@@ -8,7 +8,8 @@
 //
 //   Loopback  W virtual ranks on ONE GPU: one allocation cut in W slices (tests, development,
 //             and the single-GPU benchmarks; every "inter-rank" copy is a local copy)
-//   Local     one process, W visible GPUs, CUDA peer access enabled between all pairs; with
+//   Local     one process, W ranks over G visible GPUs (one rank per GPU when W are visible,
+//             W / G per GPU when fewer are), CUDA peer access enabled between all pairs; with
 //             W = 1 it is Loopback with one rank
 //   Nccl      one process per GPU, started by `comet launch` or torchrun (core/process_env.h):
 //             this process is ONE rank; the heap is an NCCL >= 2.28 symmetric window and peers
@@ -64,6 +65,8 @@ class Fabric {
   bool is_local(int rank) const { return rank >= first_local_rank() && rank < first_local_rank() + num_local_ranks(); }
   // CUDA device ordinal that runs local rank r.
   virtual int device_of(int rank) const = 0;
+  // How many GPUs the W ranks run on, over every process: Loopback 1, Local G, Nccl W.
+  virtual int gpus() const = 0;
   // (Re)allocates the symmetric heap; bytes are rounded up to 256. Previous contents are lost.
   // Nccl: collective, every rank with the same size (checked); the caller's work on the old
   // heap must be finished on every rank (the fabric synchronizes the device and the ranks).
@@ -136,8 +139,15 @@ class Fabric {
 
 // Throws comet::Error if no GPU is visible or the device ordinal is out of range.
 std::unique_ptr<Fabric> make_loopback_fabric(int world, int device = 0);
-// Throws comet::Error naming the pair if two GPUs cannot access each other's memory.
+// W ranks over G of the visible GPUs, W / G consecutive ranks per GPU (rank r on GPU r / (W/G)),
+// G = local_fabric_gpus(W, visible): one rank per GPU where W GPUs are visible, and several
+// per GPU where fewer are (W = 8 on two GPUs: four each). W = 1: Loopback with one rank.
+// Throws comet::Error when G < 2 for W > 1 (one GPU: use Loopback), or naming the pair if two
+// GPUs cannot access each other's memory.
 std::unique_ptr<Fabric> make_local_fabric(int world);
+// The GPUs the Local fabric spreads `world` ranks over: the most of `visible` that divide
+// `world` evenly (at least 1). Host only; no CUDA call.
+int local_fabric_gpus(int world, int visible);
 
 // By name, for command-line tools: "loopback" (W virtual ranks on the current GPU), "local" (W
 // GPUs, this process) or "nccl" (this process's rank of a `comet launch` run, read from the

@@ -100,6 +100,7 @@ class NcclFabric final : public Fabric {
 
   std::string name() const override { return "nccl"; }
   int world() const override { return env_.world; }
+  int gpus() const override { return env_.world; }  // one process, one GPU, per rank
   int first_local_rank() const override { return env_.rank; }
   int num_local_ranks() const override { return 1; }
   int device_of(int rank) const override {

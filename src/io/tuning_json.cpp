@@ -82,8 +82,9 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
     COMET_CHECK(k.num_experts % k.ep == 0,
                 where << ": \"experts\" " << k.num_experts << " is not divisible by \"ep\" " << k.ep);
     COMET_CHECK(k.ffn % k.tp == 0, where << ": \"ffn\" " << k.ffn << " is not divisible by \"tp\" " << k.tp);
-    COMET_CHECK(gpus == 1 || gpus == entry.key.world,
-                where << ": \"gpus\" is " << gpus << ", must be 1 (virtual ranks) or world (" << entry.key.world << ")");
+    COMET_CHECK(gpus >= 1 && entry.key.world % gpus == 0,
+                where << ": \"gpus\" is " << gpus << ", must divide world (" << entry.key.world
+                      << "): 1 (virtual ranks), world (one rank per GPU) or world / ranks per GPU");
     entry.n_comm0 = integer("n_comm0");
     entry.n_comm1 = integer("n_comm1");
     auto microseconds = [&](const char* key) {  // optional: 0 when absent

@@ -36,6 +36,7 @@ class RecordingFabric final : public fabric::Fabric {
   int first_local_rank() const override { return rank_; }
   int num_local_ranks() const override { return 1; }
   int device_of(int) const override { return 0; }
+  int gpus() const override { return world_; }
   void run_allocate(int64_t) override {}
   int64_t bytes_per_rank() const override { return 0; }
   void* base(int) const override { return nullptr; }

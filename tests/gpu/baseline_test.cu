@@ -12,8 +12,9 @@
 // (against the oracle and against the sequential output); whether it was bitwise equal anyway
 // is printed.
 //
-// Local fabric (one rank per GPU, needs as many GPUs as ranks, else skipped with a message): the
-// output equals the Loopback output bitwise, for every schedule. Each rank runs the same kernels
+// Local fabric (the ranks over the visible GPUs, several per GPU where fewer GPUs than ranks are
+// visible; needs 2 GPUs, else skipped with a message): the output equals the Loopback output
+// bitwise, for every schedule. Each rank runs the same kernels
 // and cuBLAS calls with the same shapes in the same order on the same GPU model; only the
 // inter-rank copies (exact byte moves) and the streams differ, and no step depends on timing.
 #include <cuda_runtime.h>
@@ -326,7 +327,7 @@ TEST(Baseline, RefusesWhatItCannotRun) {
   EXPECT_TRUE(test::throws_with<Error>([&] { layer.forward(inputs.tensors(), nullptr); }, {"reallocated"}));
 }
 
-// ---- Local fabric: rank r on GPU r ----
+// ---- Local fabric: rank r on GPU fabric.device_of(r) ----
 
 int visible_gpus() { return comet::testing::have_gpu() ? fabric::detail::visible_devices() : 0; }
 
@@ -334,18 +335,19 @@ int visible_gpus() { return comet::testing::have_gpu() ? fabric::detail::visible
   do {                                                                                                      \
     const int comet_gpus_ = visible_gpus();                                                                 \
     if (comet_gpus_ < (n))                                                                                  \
-      GTEST_SKIP() << (n) << " ranks on the Local fabric need as many GPUs, " << comet_gpus_               \
+      GTEST_SKIP() << "the Local fabric needs " << (n) << " GPUs, " << comet_gpus_                         \
                    << " visible: multi-GPU test skipped";                                                   \
   } while (0)
 
-// A problem's inputs with rank r's tensors on GPU r: one DeviceProblem per GPU (each holds every
-// rank's tensors; rank r uses the copy on GPU r).
+// A problem's inputs with rank r's tensors on its GPU: one DeviceProblem per rank on the rank's
+// GPU (each holds every rank's tensors; rank r uses its own copy's).
 class ProblemOnGpus {
  public:
-  ProblemOnGpus(const LayerConfig& c, const MoeProblem& p) {
+  ProblemOnGpus(const LayerConfig& c, const MoeProblem& p, const fabric::Fabric& f) {
     fabric::detail::DeviceGuard guard;
     for (int r = 0; r < c.layout.world; ++r) {
-      COMET_CUDA_CHECK(cudaSetDevice(r));
+      devices_.push_back(f.device_of(r));
+      COMET_CUDA_CHECK(cudaSetDevice(devices_[r]));
       copies_.push_back(std::make_unique<cuda::DeviceProblem>(c, p));
       tensors_.push_back(copies_[r]->tensors()[r]);
     }
@@ -353,7 +355,7 @@ class ProblemOnGpus {
   ~ProblemOnGpus() {
     fabric::detail::DeviceGuard guard;
     for (size_t r = 0; r < copies_.size(); ++r) {
-      cudaSetDevice(int(r));
+      cudaSetDevice(devices_[r]);
       copies_[r].reset();
     }
   }
@@ -362,7 +364,7 @@ class ProblemOnGpus {
   void poison() {
     fabric::detail::DeviceGuard guard;
     for (size_t r = 0; r < copies_.size(); ++r) {
-      COMET_CUDA_CHECK(cudaSetDevice(int(r)));
+      COMET_CUDA_CHECK(cudaSetDevice(devices_[r]));
       copies_[r]->poison_y();
     }
   }
@@ -371,7 +373,7 @@ class ProblemOnGpus {
     fabric::detail::DeviceGuard guard;
     std::vector<std::vector<float>> out;
     for (size_t r = 0; r < copies_.size(); ++r) {
-      COMET_CUDA_CHECK(cudaSetDevice(int(r)));
+      COMET_CUDA_CHECK(cudaSetDevice(devices_[r]));
       COMET_CUDA_CHECK(cudaDeviceSynchronize());
       out.push_back(copies_[r]->download_y()[r]);
     }
@@ -387,6 +389,7 @@ class ProblemOnGpus {
   }
 
  private:
+  std::vector<int> devices_;  // of each rank
   std::vector<std::unique_ptr<cuda::DeviceProblem>> copies_;
   std::vector<RankTensors> tensors_;
 };
@@ -396,11 +399,12 @@ bool same_traffic(const BaselineTraffic& a, const BaselineTraffic& b) {
          a.combine_bytes == b.combine_bytes && a.combine_remote_bytes == b.combine_remote_bytes;
 }
 
-// The layer cases with 2..(visible GPUs) ranks, and a TP case on two.
+// The layer cases the Local fabric can spread over at least two of the visible GPUs (W = 4 and 8
+// on two GPUs: 2 and 4 ranks per GPU), and a TP case on two.
 std::vector<LayerCase> local_cases(int gpus) {
   std::vector<LayerCase> out;
   for (const LayerCase& c : test::layer_cases())
-    if (c.world >= 2 && c.world <= gpus) out.push_back(c);
+    if (c.world >= 2 && fabric::local_fabric_gpus(c.world, gpus) >= 2) out.push_back(c);
   out.push_back({"mixtral-8x7b", 16, 2, 2, 64, {64, 0}, {RoutingKind::kZipf, 1.2, 0.1}, 77});
   return out;
 }
@@ -416,9 +420,10 @@ TEST(BaselineLocal, EqualsLoopbackBitwise) {
     want_layer.set_weights(p.weights);
     cuda::DeviceProblem want_inputs(c, p);
     auto local = fabric::make_local_fabric(c.layout.world);
+    SCOPED_TRACE(std::to_string(local->gpus()) + " GPUs");
     BaselineMoe layer(c, *local);
     layer.set_weights(p.weights);
-    ProblemOnGpus inputs(c, p);
+    ProblemOnGpus inputs(c, p, *local);
 
     const BaselineOptions schedules[] = {sequential_baseline(),
                                          chunked_baseline(1),
@@ -456,7 +461,7 @@ TEST(BaselineLocal, StreamsWeightsAndErrors) {
   auto local = fabric::make_local_fabric(2);
   BaselineMoe layer(c, *local, chunked_baseline(2));
   layer.set_random_weights(5);
-  ProblemOnGpus inputs(c, p);
+  ProblemOnGpus inputs(c, p, *local);
   EXPECT_EQ(inputs.run(layer), want) << "default stream of GPU 0";
   {
     fabric::detail::DeviceGuard guard;

@@ -1,5 +1,7 @@
-// MoeLayer on the Local fabric (one process, one rank per GPU, peer access): labels `gpu` and
-// `multi_gpu`; every test skips with a visible message when fewer than 2 GPUs are visible.
+// MoeLayer on the Local fabric (one process, ranks over several GPUs, peer access): labels `gpu`
+// and `multi_gpu`; every test skips with a visible message when fewer than 2 GPUs are visible.
+// Each test runs W = the visible GPUs (one rank per GPU, at most 8), twice that, 4 and 8 (several
+// ranks per GPU where fewer GPUs are visible: two H200s run W = 4 and 8 as 2 and 4 ranks per GPU).
 // The reference is the same layer with every rank on GPU 0 (Loopback): the same kernels, plans
 // and reduction orders, so the outputs must be bitwise equal; and the fp64 oracle.
 #include <algorithm>
@@ -37,7 +39,20 @@ int visible_gpus() {
       GTEST_SKIP() << (n) << " GPUs needed, " << visible_gpus() << " visible (multi_gpu test skipped)"; \
   } while (0)
 
-// W = every visible GPU, at most 8; EP, TP and EP+TP where the GPU count allows.
+// The worlds each test runs (see the file header), at most 16 ranks.
+std::vector<int> local_worlds() {
+  const int gpus = std::min(visible_gpus(), 8);
+  std::vector<int> worlds;
+  for (int w : {gpus, 2 * gpus, 4, 8})
+    if (w >= 2 && w <= 16 && std::find(worlds.begin(), worlds.end(), w) == worlds.end()) worlds.push_back(w);
+  return worlds;
+}
+
+std::string describe(const fabric::Fabric& f) {
+  return "W " + std::to_string(f.world()) + " over " + std::to_string(f.gpus()) + " GPUs";
+}
+
+// EP, TP and EP+TP where the world allows.
 std::vector<LayerCase> local_cases(int world) {
   std::vector<LayerCase> out;
   std::vector<int> tokens;
@@ -67,45 +82,61 @@ std::vector<std::vector<float>> run(const LayerConfig& c, const MoeProblem& p, f
   return first;
 }
 
+// The fabric spreads the ranks evenly, the ranks of a GPU next to each other.
+TEST(MoeLayerLocal, FabricPlacesRanksEvenlyOverTheGpus) {
+  COMET_REQUIRE_GPUS(2);
+  for (int W : local_worlds()) {
+    auto local = fabric::make_local_fabric(W);
+    SCOPED_TRACE(describe(*local));
+    const int gpus = fabric::local_fabric_gpus(W, visible_gpus());
+    EXPECT_EQ(local->gpus(), gpus);
+    EXPECT_GE(gpus, 2);
+    EXPECT_EQ(W % gpus, 0);
+    for (int r = 0; r < W; ++r) EXPECT_EQ(local->device_of(r), r / (W / gpus)) << "rank " << r;
+  }
+}
+
 TEST(MoeLayerLocal, MatchesLoopbackBitwiseAndTheOracle) {
   COMET_REQUIRE_GPUS(2);
-  const int W = std::min(visible_gpus(), 8);
-  for (const LayerCase& lc : local_cases(W))
-    for (const auto& [name, o] : testing::forward_variants()) {
-      SCOPED_TRACE(lc.describe() + " " + name);
-      const LayerConfig c = lc.config();
-      const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
-      auto local = fabric::make_local_fabric(W);
-      const auto got = run(c, p, *local, o);
-      auto loopback = fabric::make_loopback_fabric(W, 0);
-      EXPECT_EQ(got, run(c, p, *loopback, o)) << "Local and Loopback differ";
-      EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(p)));
-    }
+  for (int W : local_worlds())
+    for (const LayerCase& lc : local_cases(W))
+      for (const auto& [name, o] : testing::forward_variants()) {
+        auto local = fabric::make_local_fabric(W);
+        SCOPED_TRACE(describe(*local) + ": " + lc.describe() + " " + name);
+        const LayerConfig c = lc.config();
+        const MoeProblem p = make_problem(c, lc.tokens, lc.spec, lc.seed);
+        const auto got = run(c, p, *local, o);
+        auto loopback = fabric::make_loopback_fabric(W, 0);
+        EXPECT_EQ(got, run(c, p, *loopback, o)) << "Local and Loopback differ";
+        EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(p)));
+      }
 }
 
 // The forward across GPUs captured once and replayed with new routing and token counts: the
 // barrier generations live on the devices, so replays continue the sequence.
 TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
   COMET_REQUIRE_GPUS(2);
-  const int W = std::min(visible_gpus(), 8);
-  const LayerCase lc = local_cases(W)[0];
-  testing::LayerRig rig(lc, fabric::make_local_fabric(W));
-  const LayerConfig& c = rig.config;
-  cuda::DeviceProblem& d = rig.device;
-  LayerOptions o;
-  o.path = ForwardPath::kFused;
-  rig.layer.set_options(o);
-  testing::CapturedForward graph(rig.layer, d.tensors());
-  for (int replay = 0; replay < 3; ++replay) {
-    SCOPED_TRACE("replay " + std::to_string(replay));
-    std::vector<int> tokens = lc.tokens;
-    std::rotate(tokens.begin(), tokens.begin() + (replay + 1) % W, tokens.end());
-    MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + 10 + replay);
-    p.weights = rig.problem.weights;
-    d.assign_inputs(cuda::DeviceProblem(c, p, rig.fabric.get()));
-    d.poison_y();
-    graph.replay();
-    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+  for (int W : local_worlds()) {
+    SCOPED_TRACE("W " + std::to_string(W));
+    const LayerCase lc = local_cases(W)[0];
+    testing::LayerRig rig(lc, fabric::make_local_fabric(W));
+    const LayerConfig& c = rig.config;
+    cuda::DeviceProblem& d = rig.device;
+    LayerOptions o;
+    o.path = ForwardPath::kFused;
+    rig.layer.set_options(o);
+    testing::CapturedForward graph(rig.layer, d.tensors());
+    for (int replay = 0; replay < 3; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      std::vector<int> tokens = lc.tokens;
+      std::rotate(tokens.begin(), tokens.begin() + (replay + 1) % W, tokens.end());
+      MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + 10 + replay);
+      p.weights = rig.problem.weights;
+      d.assign_inputs(cuda::DeviceProblem(c, p, rig.fabric.get()));
+      d.poison_y();
+      graph.replay();
+      EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+    }
   }
 }
 
@@ -115,20 +146,22 @@ TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
 // again.
 TEST(MoeLayerLocal, WithheldRankTimesOutNamingItAndRecovers) {
   COMET_REQUIRE_GPUS(2);
-  const int W = std::min(visible_gpus(), 8);
-  LayerCase lc = local_cases(W)[0];
-  lc.tokens = std::vector<int>(W, 64);
-  testing::LayerRig rig(lc, fabric::make_local_fabric(W));
-  LayerOptions o;
-  o.path = ForwardPath::kFused;
-  testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, W - 1);
+  for (int W : local_worlds()) {
+    SCOPED_TRACE("W " + std::to_string(W));
+    LayerCase lc = local_cases(W)[0];
+    lc.tokens = std::vector<int>(W, 64);
+    testing::LayerRig rig(lc, fabric::make_local_fabric(W));
+    LayerOptions o;
+    o.path = ForwardPath::kFused;
+    testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, W - 1);
+  }
 }
 
 // Ranks on GPUs of their own have real links: link emulation is refused by name (as the
 // baselines refuse it), and the layer runs as before.
 TEST(MoeLayerLocal, RefusesLinkEmulation) {
   COMET_REQUIRE_GPUS(2);
-  const int W = std::min(visible_gpus(), 8);
+  const int W = 2 * std::min(visible_gpus(), 8);  // several ranks per GPU: still real links between GPUs
   testing::LayerRig rig(local_cases(W)[0], fabric::make_local_fabric(W));
   LayerOptions paced;
   paced.link.gbps = 100;

@@ -27,18 +27,20 @@ TEST(HiddenFraction, ClampsToZeroAndOne) {
 }
 
 TEST(LinkGbps, IsBytesPerRankOverTheTimeEachRankHeldTheLink) {
-  // 8 ranks move 800 MB in all: 100 MB per rank and direction. Taking turns over 1000 us,
-  // each rank has 125 us: 800 GB/s. On their own GPUs, all 1000 us: 100 GB/s.
-  EXPECT_DOUBLE_EQ(link_gbps_per_direction(800e6, 8, 1000, true), 800.0);
-  EXPECT_DOUBLE_EQ(link_gbps_per_direction(800e6, 8, 1000, false), 100.0);
+  // 8 ranks move 800 MB in all: 100 MB per rank and direction. Taking turns on one GPU over
+  // 1000 us, each rank has 125 us: 800 GB/s. On their own GPUs, all 1000 us: 100 GB/s. Four
+  // per GPU (two GPUs): 250 us each, 400 GB/s.
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(800e6, 8, 1000, 8), 800.0);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(800e6, 8, 1000, 1), 100.0);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(800e6, 8, 1000, 4), 400.0);
   // One rank: no difference.
-  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e9, 1, 1e6, true), 1.0);
-  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e9, 1, 1e6, false), 1.0);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e9, 1, 1e6, 1), 1.0);
   // A paced run at exactly B: remote_bytes / B of time gives B back.
   const double bytes = 3.7e8, gbps = 450, us = bytes / (gbps * 1e3);
-  EXPECT_NEAR(link_gbps_per_direction(bytes, 8, us, true), gbps, 1e-9);
-  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e6, 8, 0, true), 0.0);
-  EXPECT_DOUBLE_EQ(link_gbps_per_direction(0, 8, 10, true), 0.0);
+  EXPECT_NEAR(link_gbps_per_direction(bytes, 8, us, 8), gbps, 1e-9);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e6, 8, 0, 8), 0.0);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(0, 8, 10, 8), 0.0);
+  EXPECT_DOUBLE_EQ(link_gbps_per_direction(1e6, 8, 10, 0), 0.0);  // no GPU holds a rank: no rate
 }
 
 TEST(BoundRatio, IsTimeOverBound) {

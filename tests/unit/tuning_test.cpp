@@ -68,8 +68,9 @@ TEST(Tuning, OtherGpuShapeOrLayoutNeverMatches) {
   EXPECT_FALSE(t.nearest(tuning_key(other, "NVIDIA H200", 132, 4096)));
 }
 
-// Virtual ranks on one GPU and one rank per GPU are different workloads for n_comm: the same
-// layout's entries never stand in for each other, and a GPU count other than 1 or W is refused.
+// Virtual ranks on one GPU, one rank per GPU and several ranks per GPU are different workloads
+// for n_comm: the same layout's entries never stand in for each other, and a GPU count that does
+// not divide W is refused.
 TEST(Tuning, VirtualRanksAndOneRankPerGpuNeverMatch) {
   const TuningTable one_gpu = table_with({{4096, 20, 21}});
   EXPECT_FALSE(one_gpu.nearest(tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 8)));
@@ -80,8 +81,13 @@ TEST(Tuning, VirtualRanksAndOneRankPerGpuNeverMatch) {
   ASSERT_TRUE(m);
   EXPECT_EQ(m->entry->n_comm0, 32);
   EXPECT_NE(m->entry->key.describe().find("on 8 GPUs"), std::string::npos) << m->entry->key.describe();
-  EXPECT_TRUE(throws_with<Error>([] { tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 2); },
-                                 {"2 GPUs", "W = 8"}));
+  const TuningKey four_per_gpu = tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 2);
+  EXPECT_FALSE(eight_gpus.nearest(four_per_gpu));
+  EXPECT_FALSE(one_gpu.nearest(four_per_gpu));
+  EXPECT_NE(four_per_gpu.describe().find("on 2 GPUs"), std::string::npos) << four_per_gpu.describe();
+  EXPECT_TRUE(throws_with<Error>([] { tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 3); },
+                                 {"3 GPUs", "W = 8", "a divisor of W"}));
+  EXPECT_TRUE(throws_with<Error>([] { tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 0); }, {"0 GPUs"}));
 }
 
 TEST(Tuning, AddReplacesAnEqualKey) {
@@ -218,7 +224,7 @@ TEST(TuningJson, SaveReportsAFailedWriteAndKeepsTheOldTable) {
 }
 
 // "gpus" is written and read back; a table without it (written before it existed) means one
-// GPU; a count that is neither 1 nor the entry's world is refused, naming the entry.
+// GPU; a count that does not divide the entry's world is refused, naming the entry.
 TEST(TuningJson, GpusFieldRoundTripsDefaultsToOneAndIsChecked) {
   TuningTable t;
   t.add({tuning_key(mixtral_ep8(), "NVIDIA H200", 132, 4096, 8), 32, 2, 50.0});
@@ -235,6 +241,10 @@ TEST(TuningJson, GpusFieldRoundTripsDefaultsToOneAndIsChecked) {
   EXPECT_EQ(old_back.entries()[0].key.gpus, 1);
 
   EXPECT_TRUE(edit_is_refused(text, "\"gpus\": 8", "\"gpus\": 3", {"gpus", "3"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"gpus\": 8", "\"gpus\": 0", {"gpus", "0"}));
+  std::string two = text;  // four ranks per GPU (the Local fabric on two GPUs)
+  two.replace(two.find("\"gpus\": 8"), std::string("\"gpus\": 8").size(), "\"gpus\": 2");
+  EXPECT_EQ(io::parse_tuning_table(two).entries().at(0).key.gpus, 2);
 }
 
 TEST(Tuning, SummaryKeepsEachWorkloadsFastestPairAndTheBestFixedPair) {
