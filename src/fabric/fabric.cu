@@ -1,6 +1,10 @@
 // The Fabric base class (argument checks of all_to_all_v), the Loopback and Local fabrics, and
 // make_nccl_fabric() for builds without NCCL. The Nccl fabric is in nccl_fabric.cu.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "core/process_env.h"
@@ -163,25 +167,76 @@ class LoopbackFabric final : public Fabric {
   std::vector<void*> bases_;
 };
 
+// Peer access belongs to the process's device contexts, not to one fabric, and several Local
+// fabrics may live at once (a layer's and its baselines'). A pair (from, to) is enabled while
+// some Local fabric holds it and disabled with the last holder, so that no call meets "peer
+// access is already enabled" (an error the CUDA sanitizers report) once the first fabric is
+// gone; a pair that was enabled before a fabric first asked (by the application) is left as it is.
+class PeerAccess {
+ public:
+  static void acquire(int from, int to) {
+    std::lock_guard<std::mutex> lock(mutex());
+    int& holders = counts()[{from, to}];
+    if (holders++ > 0) return;
+    COMET_CUDA_CHECK(cudaSetDevice(from));
+    const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+      not_ours().insert({from, to});
+      return;
+    }
+    if (err != cudaSuccess) --holders;
+    COMET_CUDA_CHECK(err);
+  }
+  // No throw (destructors): a failure to disable leaves access on, which is harmless.
+  static void release(int from, int to) {
+    std::lock_guard<std::mutex> lock(mutex());
+    int& holders = counts()[{from, to}];
+    if (holders == 0 || --holders > 0) return;
+    if (not_ours().erase({from, to}) > 0) return;
+    if (cudaSetDevice(from) == cudaSuccess && cudaDeviceDisablePeerAccess(to) != cudaSuccess) cudaGetLastError();
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<std::pair<int, int>, int>& counts() {
+    static std::map<std::pair<int, int>, int> c;
+    return c;
+  }
+  static std::set<std::pair<int, int>>& not_ours() {
+    static std::set<std::pair<int, int>> s;
+    return s;
+  }
+};
+
 // W ranks over G GPUs (G divides W): ranks [g * W/G, (g + 1) * W/G) run on GPU g, each with a
 // heap of its own on its GPU; peer access is enabled between every pair of the G GPUs.
 class LocalFabric final : public Fabric {
  public:
   LocalFabric(int world, int gpus) : world_(world), per_gpu_(world / gpus) {
     DeviceGuard guard;
-    for (int a = 0; a < gpus; ++a)
-      for (int b = 0; b < gpus; ++b) {
-        if (a == b) continue;
-        int ok = 0;
-        COMET_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, a, b));
-        COMET_CHECK(ok, "local fabric: GPU " << a << " cannot access GPU " << b << "'s memory (no P2P)");
-        COMET_CUDA_CHECK(cudaSetDevice(a));
-        const cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
-        if (err == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-        else COMET_CUDA_CHECK(err);
-      }
+    try {
+      for (int a = 0; a < gpus; ++a)
+        for (int b = 0; b < gpus; ++b) {
+          if (a == b) continue;
+          int ok = 0;
+          COMET_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, a, b));
+          COMET_CHECK(ok, "local fabric: GPU " << a << " cannot access GPU " << b << "'s memory (no P2P)");
+          PeerAccess::acquire(a, b);
+          peers_.emplace_back(a, b);
+        }
+    } catch (...) {
+      release_peers();
+      throw;
+    }
   }
-  ~LocalFabric() override { release(); }
+  ~LocalFabric() override {
+    release();
+    release_peers();
+  }
   std::string name() const override { return "local"; }
   int world() const override { return world_; }
   int first_local_rank() const override { return 0; }
@@ -234,6 +289,14 @@ class LocalFabric final : public Fabric {
     heaps_.clear();
     tables_.clear();
   }
+  void release_peers() {
+    int saved = 0;  // restored below; no throwing guard in a destructor
+    cudaGetDevice(&saved);
+    for (const auto& [a, b] : peers_) PeerAccess::release(a, b);
+    peers_.clear();
+    cudaSetDevice(saved);
+  }
+  std::vector<std::pair<int, int>> peers_;  // the pairs this fabric enabled (PeerAccess)
   int world_, per_gpu_;
   int64_t bytes_ = 0;
   std::vector<void*> heaps_;
