@@ -41,7 +41,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string_view>
+#include <thread>
 
 extern char** environ;
 
@@ -284,6 +286,7 @@ class Launcher {
   void drain(Rank& r);
   void begin_stop(int sig, int exit_code);
   void signal_groups(int sig);
+  void end_leftovers();
   bool all_exited() const;
   std::string running_ranks_text() const;
 
@@ -464,6 +467,46 @@ void Launcher::signal_groups(int sig) {
     if (r.pid > 0 && !r.reaped) ::kill(-r.pid, sig);
 }
 
+// True while a process other than a zombie is in process group `pgid` (Linux /proc; a rank's
+// exited leader stays in its group as a zombie until it is reaped).
+bool group_has_live_members(pid_t pgid) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat;
+    if (!std::getline(in, stat)) continue;  // ended meanwhile
+    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so parse after the last ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) continue;
+    if (pgrp == pgid && state != 'Z' && state != 'X') return true;
+  }
+  return false;
+}
+
+// After a clean run: SIGTERM to the groups, then, for processes that ignore it, SIGKILL to the
+// groups still holding one `grace_s` later. A run that left nothing behind pays one scan of /proc.
+void Launcher::end_leftovers() {
+  signal_groups(SIGTERM);
+  const Clock::time_point kill_at =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.grace_s));
+  auto any_left = [&] {
+    return std::any_of(ranks_.begin(), ranks_.end(),
+                       [](const Rank& r) { return r.pid > 0 && !r.reaped && group_has_live_members(r.pid); });
+  };
+  while (any_left()) {
+    if (Clock::now() >= kill_at || g_stop_signals != 0) {
+      signal_groups(SIGKILL);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 void Launcher::begin_stop(int sig, int exit_code) {
   stopping_ = true;
   g_output_impatient = true;
@@ -530,8 +573,10 @@ int Launcher::run() {
     check_exits();
     if (all_exited()) {
       // Whatever the ranks left running in their groups ends with them (a leftover worker would
-      // keep its GPU memory): after a stop at once, after a clean run with SIGTERM.
-      signal_groups(stopping_ ? SIGKILL : SIGTERM);
+      // keep its GPU memory): after a stop at once, after a clean run with SIGTERM and, for what
+      // ignores it, SIGKILL after the grace period.
+      if (stopping_) signal_groups(SIGKILL);
+      else end_leftovers();
       break;
     }
 

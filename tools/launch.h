@@ -43,7 +43,8 @@ class LaunchExecError : public Error {
 };
 
 // Runs the ranks to the end and returns the exit code for the launcher:
-//   0              every rank exited with status 0;
+//   0              every rank exited with status 0 (what they left running in their process
+//                  groups was sent SIGTERM, and SIGKILL after grace_s if it was still there);
 //   S              the first rank to fail exited with status S (128 + signal when a signal
 //                  killed it); the others were sent SIGTERM, then SIGKILL after grace_s;
 //   124            timeout_s ran out (the ranks still running were stopped the same way);

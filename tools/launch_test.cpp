@@ -242,6 +242,26 @@ TEST_F(LaunchTest, BackgroundProcessesOfRanksEndWithTheRun) {
   }
 }
 
+// What ignores SIGTERM gets SIGKILL after the grace period (3 s by default); a clean run whose
+// leftovers obey SIGTERM does not wait for it.
+TEST_F(LaunchTest, BackgroundProcessIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  const Outcome quick = sh(R"("$COMET" launch -n 2 -- sh -c 'sleep 60 & echo started')");
+  EXPECT_EQ(quick.code, 0) << shown(quick);
+  EXPECT_LT(quick.seconds, 2.0) << shown(quick);
+  const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c '
+(trap "" TERM; while true; do sleep 0.1; done) &
+echo $! > "$WORK/stubborn$RANK"; echo started')");
+  EXPECT_EQ(o.code, 0) << shown(o);
+  EXPECT_GE(o.seconds, 2.5) << shown(o);
+  EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
+  for (const char* file : {"stubborn0", "stubborn1"}) {
+    std::string pid = read_text(work_ / file);
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    ASSERT_FALSE(pid.empty()) << file << "\n" << shown(o);
+    EXPECT_TRUE(process_ends_within(pid, 1.0)) << "rank's SIGTERM-ignoring pid " << pid << " still runs";
+  }
+}
+
 TEST_F(LaunchTest, RankKilledBySignal) {
   const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c 'if [ "$RANK" = 1 ]; then kill -KILL $$; fi; sleep 60')");
   EXPECT_EQ(o.code, 128 + 9) << shown(o);
