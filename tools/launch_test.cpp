@@ -116,6 +116,17 @@ class LaunchTest : public ::testing::Test {
     return dirs;
   }
 
+  // Rank r wrote the pid of a process it left running into $WORK/<stem><r>: each must end within
+  // `seconds`.
+  void expect_leftovers_end(const std::string& stem, int ranks, double seconds) {
+    for (int r = 0; r < ranks; ++r) {
+      std::string pid = read_text(work_ / (stem + std::to_string(r)));
+      pid.erase(pid.find_last_not_of(" \n") + 1);
+      ASSERT_FALSE(pid.empty()) << stem << r << " is empty";
+      EXPECT_TRUE(process_ends_within(pid, seconds)) << "rank " << r << "'s " << stem << " pid " << pid << " still runs";
+    }
+  }
+
   fs::path work_;
 };
 
@@ -234,12 +245,7 @@ TEST_F(LaunchTest, BackgroundProcessesOfRanksEndWithTheRun) {
   const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c 'sleep 60 & echo $! > "$WORK/bg$RANK"; echo started')");
   EXPECT_EQ(o.code, 0) << shown(o);
   EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
-  for (const char* file : {"bg0", "bg1"}) {
-    std::string pid = read_text(work_ / file);
-    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-    ASSERT_FALSE(pid.empty()) << file << "\n" << shown(o);
-    EXPECT_TRUE(process_ends_within(pid, kStopWithinS)) << "rank's background pid " << pid << " still runs";
-  }
+  expect_leftovers_end("bg", 2, kStopWithinS);
 }
 
 // What ignores SIGTERM gets SIGKILL after the grace period (3 s by default); a clean run whose
@@ -254,12 +260,7 @@ echo $! > "$WORK/stubborn$RANK"; echo started')");
   EXPECT_EQ(o.code, 0) << shown(o);
   EXPECT_GE(o.seconds, 2.5) << shown(o);
   EXPECT_LT(o.seconds, kStopWithinS) << shown(o);
-  for (const char* file : {"stubborn0", "stubborn1"}) {
-    std::string pid = read_text(work_ / file);
-    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-    ASSERT_FALSE(pid.empty()) << file << "\n" << shown(o);
-    EXPECT_TRUE(process_ends_within(pid, 1.0)) << "rank's SIGTERM-ignoring pid " << pid << " still runs";
-  }
+  expect_leftovers_end("stubborn", 2, 1.0);
 }
 
 TEST_F(LaunchTest, RankKilledBySignal) {
@@ -317,12 +318,7 @@ wait $launcher)");
   EXPECT_EQ(count_of(o.out, "[rank 1] got " + sig + "\n"), 1u) << shown(o);
   EXPECT_EQ(count_of(o.err, "comet launch: error: interrupted by SIG" + sig + " (forwarded to every rank"), 1u)
       << shown(o);
-  for (int r = 0; r < 2; ++r) {
-    std::string pid = read_text(work_ / ("background." + std::to_string(r)));
-    pid.erase(pid.find_last_not_of(" \n") + 1);
-    ASSERT_FALSE(pid.empty());
-    EXPECT_TRUE(process_ends_within(pid, 5)) << "rank " << r << "'s background sleep " << pid << " survived";
-  }
+  expect_leftovers_end("background.", 2, 5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest,
