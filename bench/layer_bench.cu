@@ -1,5 +1,5 @@
 // `comet bench layer`: fused vs unfused vs compute-only vs communication-only, and the two
-// baselines; W virtual ranks on one GPU, or one GPU per rank (local and nccl fabrics).
+// baselines; W virtual ranks on one GPU, or the ranks over several GPUs (local and nccl fabrics).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -57,7 +57,7 @@ struct LayerBenchOptions {
   // gets a row.
   std::vector<std::optional<Layer1Combine>> layer1_combine{std::nullopt};
   std::vector<int> chunks{2, 4};               // chunk counts tried for the chunked baseline
-  // loopback: W virtual ranks on one GPU; local: one GPU per rank in this process; nccl: this
+  // loopback: W virtual ranks on one GPU; local: the ranks over the visible GPUs in this process; nccl: this
   // process's rank of a `comet launch` run (fabric::make_fabric). With several processes each
   // times its own rank's stream (the forward's barriers keep the ranks in step) and the warm-up
   // is a fixed number of rounds, so that every rank runs the same sequence of forwards.
@@ -106,7 +106,8 @@ struct LayerBenchRow {
   LinkEmulation link;       // what paced the copies (off: local copies)
   double remote_bytes = 0;  // Comet's dispatch + combine rows between different ranks, all ranks
   // The cost model's bound (ranks taking turns: the share of LayerCost::serial_lower_bound_us of one
-  // GPU's ranks, serial_lower_bound_us * ranks_per_gpu / W; else lower_bound_us)
+  // GPU's ranks, serial_lower_bound_us * ranks_per_gpu / W, an estimate when the ranks span
+  // several GPUs: it charges copies between ranks of one GPU to the link; else lower_bound_us)
   // for this GPU's rates, the emulated link rate when on; bound_gpu names the rates used.
   double lower_bound_us = 0;
   std::string bound_by, bound_gpu;

@@ -130,6 +130,7 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
                           {"remote_bytes", r.remote_bytes}, {"comm_link_gbps", r.comm_link_gbps()},
                           {"fused_link_gbps", r.fused_link_gbps()}, {"hidden_fraction", r.hidden_fraction()},
                           {"lower_bound_us", r.lower_bound_us}, {"lower_bound_by", r.bound_by},
+                          {"ranks_per_gpu", r.ranks_per_gpu},
                           {"lower_bound_rates", r.bound_gpu}, {"lower_bound_link_gbps", r.bound_link_gbps},
                           {"fused_over_lower_bound", r.fused_over_bound()},
                           {"tuned_path", r.tuned_fused ? "fused" : "unfused"}, {"tuned_us", r.tuned_us()},

@@ -1,5 +1,6 @@
 // Tests of `comet bench layer`'s report (no GPU): a traced row prints and writes its timeline's
-// hidden communication, an untraced one neither; each row says whether the epilogue combined.
+// hidden communication, an untraced one neither; each row says whether the epilogue combined;
+// ranks that take turns on a GPU are described and counted as such.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -91,6 +92,23 @@ TEST(LayerReport, RowsSayWhoRanLayer1sCombine) {
   const nlohmann::json j = nlohmann::json::parse(layer_rows_json({blocks, gemm}));
   EXPECT_EQ(j[0]["layer1_combine"].get<std::string>(), "blocks");
   EXPECT_EQ(j[1]["layer1_combine"].get<std::string>(), "gemm");
+}
+
+// The ranks of one GPU take turns (local fabric, W = 8 on two GPUs: four per GPU): the note
+// under the table says so, the link rate counts each rank's turn, and JSON carries the count.
+TEST(LayerReport, SeveralRanksPerGpuTakeTurns) {
+  LayerBenchRow r = row();
+  r.fabric = "local";
+  r.world = r.ep = 8;
+  r.ranks_per_gpu = 4;
+  r.remote_bytes = 800e6;  // 100 MB per rank and direction
+  r.comm_us = 1000;
+  std::ostringstream table;
+  print_layer_table({r}, table);
+  EXPECT_NE(table.str().find("the 4 ranks of each GPU one after another"), std::string::npos) << table.str();
+  EXPECT_DOUBLE_EQ(r.comm_link_gbps(), 400.0);  // 100 MB per rank over a 250 us turn
+  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({r}));
+  EXPECT_EQ(j[0]["ranks_per_gpu"].get<int>(), 4);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // `comet tune`: sweeps n_comm0 x n_comm1, the layer0 mode (comet/layer0_mode.h) and the layer1
 // combine (comet/layer1_combine.h) of the fused kernels over workloads (W virtual ranks on this
-// GPU, or one GPU per rank with --fabric local|nccl) and writes the fastest candidate of each
+// GPU, or over several GPUs with --fabric local|nccl) and writes the fastest candidate of each
 // workload into a tuning table (src/io/tuning_json.h) that MoeLayer looks up (docs/tuning.md),
 // with the unfused forward's time beside it: ForwardPath::kTuned runs the faster of the two.
 //   comet tune --models mixtral-8x7b --tokens 1024,4096 --out tuning/nvidia-h200.json

@@ -1,5 +1,5 @@
 // tools/gpu_run.h: `comet run --backend cuda`: the problem through MoeLayer on a fabric: W
-// virtual ranks on one GPU (loopback), one rank per GPU in this process (local), or this
+// virtual ranks on one GPU (loopback), the ranks over the visible GPUs in this process (local), or this
 // process's rank of a `comet launch` run (nccl). Only compiled into builds with CUDA.
 #pragma once
 

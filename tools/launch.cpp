@@ -42,6 +42,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <set>
 #include <string_view>
 #include <thread>
 
@@ -467,38 +469,42 @@ void Launcher::signal_groups(int sig) {
     if (r.pid > 0 && !r.reaped) ::kill(-r.pid, sig);
 }
 
-// True while a process other than a zombie is in process group `pgid` (Linux /proc; a rank's
-// exited leader stays in its group as a zombie until it is reaped).
-bool group_has_live_members(pid_t pgid) {
+// The process groups among `pgids` that hold a process other than a zombie (Linux /proc; a
+// rank's exited leader stays in its group as a zombie until it is reaped). One scan of /proc.
+// A process whose main thread exited while other threads run shows as a zombie too and is
+// missed; it still got the SIGTERM.
+std::set<pid_t> groups_with_live_members(const std::set<pid_t>& pgids) {
+  std::set<pid_t> live;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
+  for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "stat");
-    std::string stat;
-    if (!std::getline(in, stat)) continue;  // ended meanwhile
-    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so parse after the last ')'.
+    std::ifstream in(it->path() / "stat");
+    // The whole file: comm (in parentheses) may hold spaces, parentheses and newlines, so the
+    // fields are read after the last ')'.
+    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
+    if (close == std::string::npos) continue;  // ended meanwhile
     char state = 0;
     long ppid = 0, pgrp = 0;
     if (std::sscanf(stat.c_str() + close + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) continue;
-    if (pgrp == pgid && state != 'Z' && state != 'X') return true;
+    if (state != 'Z' && state != 'X' && pgids.count(pid_t(pgrp))) live.insert(pid_t(pgrp));
   }
-  return false;
+  return live;
 }
 
 // After a clean run: SIGTERM to the groups, then, for processes that ignore it, SIGKILL to the
-// groups still holding one `grace_s` later. A run that left nothing behind pays one scan of /proc.
+// groups still holding one `grace_s` later. A run that left nothing behind pays one scan of
+// /proc. A stop signal meanwhile sends the SIGKILL at once; the ranks all exited with 0, so the
+// run still returns 0.
 void Launcher::end_leftovers() {
   signal_groups(SIGTERM);
   const Clock::time_point kill_at =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.grace_s));
-  auto any_left = [&] {
-    return std::any_of(ranks_.begin(), ranks_.end(),
-                       [](const Rank& r) { return r.pid > 0 && !r.reaped && group_has_live_members(r.pid); });
-  };
-  while (any_left()) {
+  std::set<pid_t> groups;
+  for (const Rank& r : ranks_)
+    if (r.pid > 0 && !r.reaped) groups.insert(r.pid);
+  while (!groups_with_live_members(groups).empty()) {
     if (Clock::now() >= kill_at || g_stop_signals != 0) {
       signal_groups(SIGKILL);
       return;

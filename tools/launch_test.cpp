@@ -249,14 +249,17 @@ TEST_F(LaunchTest, BackgroundProcessesOfRanksEndWithTheRun) {
 }
 
 // What ignores SIGTERM gets SIGKILL after the grace period (3 s by default); a clean run whose
-// leftovers obey SIGTERM does not wait for it.
+// leftovers obey SIGTERM does not wait for it. The leftover is a copy of sleep whose name holds
+// ")", spaces and a newline, which /proc/PID/stat prints as they are.
 TEST_F(LaunchTest, BackgroundProcessIgnoringSigtermIsKilledAfterTheGracePeriod) {
   const Outcome quick = sh(R"("$COMET" launch -n 2 -- sh -c 'sleep 60 & echo started')");
   EXPECT_EQ(quick.code, 0) << shown(quick);
   EXPECT_LT(quick.seconds, 2.0) << shown(quick);
-  const Outcome o = sh(R"("$COMET" launch -n 2 -- sh -c '
-(trap "" TERM; while true; do sleep 0.1; done) &
-echo $! > "$WORK/stubborn$RANK"; echo started')");
+  const Outcome o = sh(R"sh("$COMET" launch -n 2 -- sh -c '
+odd="$WORK/$(printf "x)\nZ 1 2")$RANK"
+cp "$(command -v sleep)" "$odd"
+(trap "" TERM; exec "$odd" 60) &
+echo $! > "$WORK/stubborn$RANK"; echo started')sh");
   EXPECT_EQ(o.code, 0) << shown(o);
   EXPECT_GE(o.seconds, 2.5) << shown(o);
   EXPECT_LT(o.seconds, kStopWithinS) << shown(o);

@@ -20,10 +20,11 @@
 // - one stream (every rank on one GPU, all in this process: Loopback): phase by phase across
 //   ranks, so a phase's kernels see every rank's previous phase complete; stream order is the
 //   barrier.
-// - one stream per rank (Local: a GPU per rank; Nccl: a process per rank): each rank's steps
-//   on its own device, with a device-side barrier between ranks after step 1 (peers' inputs are
-//   published) and after step 5 (peers' partial rows have arrived). The second barrier also
-//   keeps the next call's publish and pushes away from buffers peers still read.
+// - one stream per GPU (Local: the ranks over several GPUs, one or several per GPU; Nccl: a
+//   process per rank): each GPU's ranks one after another on that device, with a device-side
+//   barrier between ranks after step 1 (peers' inputs are published) and after step 5 (peers'
+//   partial rows have arrived). The second barrier also keeps the next call's publish and
+//   pushes away from buffers peers still read.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -560,6 +561,7 @@ struct MoeLayer::Impl {
       cuda::launch_kernel(owner_reduce_kernel, grid, dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(), batch);
     }
   }
+  static_assert(cuda::kMaxBarrierRanks >= cuda::kMaxWorld, "one barrier launch must hold every rank of a GPU");
   // The forward's barrier number `which` for `count` ranks of one GPU from `first` (one launch).
   void barrier(const Rank* first, int count, int which, cudaStream_t s) const {
     cuda::RankBarrierArgs a;

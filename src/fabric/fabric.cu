@@ -172,21 +172,28 @@ class LoopbackFabric final : public Fabric {
 // some Local fabric holds it and disabled with the last holder, so that no call meets "peer
 // access is already enabled" (an error the CUDA sanitizers report) once the first fabric is
 // gone; a pair that was enabled before a fabric first asked (by the application) is left as it is.
+// An application that enables a pair itself while a Local fabric holds it gets "already
+// enabled", and loses the access when the last fabric goes: enable before making fabrics.
+// The bookkeeping lives in leaked heap objects, so it outlives any fabric held by a static.
 class PeerAccess {
  public:
+  // Counted only once access is on: a throw leaves the count as it was.
   static void acquire(int from, int to) {
     std::lock_guard<std::mutex> lock(mutex());
     int& holders = counts()[{from, to}];
-    if (holders++ > 0) return;
+    if (holders > 0) {
+      ++holders;
+      return;
+    }
     COMET_CUDA_CHECK(cudaSetDevice(from));
     const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
     if (err == cudaErrorPeerAccessAlreadyEnabled) {
       cudaGetLastError();
       not_ours().insert({from, to});
-      return;
+    } else {
+      COMET_CUDA_CHECK(err);
     }
-    if (err != cudaSuccess) --holders;
-    COMET_CUDA_CHECK(err);
+    holders = 1;
   }
   // No throw (destructors): a failure to disable leaves access on, which is harmless.
   static void release(int from, int to) {
@@ -199,16 +206,16 @@ class PeerAccess {
 
  private:
   static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
+    static auto* m = new std::mutex;
+    return *m;
   }
   static std::map<std::pair<int, int>, int>& counts() {
-    static std::map<std::pair<int, int>, int> c;
-    return c;
+    static auto* c = new std::map<std::pair<int, int>, int>;
+    return *c;
   }
   static std::set<std::pair<int, int>>& not_ours() {
-    static std::set<std::pair<int, int>> s;
-    return s;
+    static auto* s = new std::set<std::pair<int, int>>;
+    return *s;
   }
 };
 
