@@ -1,7 +1,7 @@
 // The dispatch plan of one rank from every rank's routing, in three kernels. Only the first and
-// the last read routing (through peer pointers: on one GPU per rank, across NVLink), and both are
-// one block per (rank, ring position, chunk of kChunkTokens tokens), so those reads are all in
-// flight at once instead of one chunk after another.
+// the last read routing (through peer pointers: with ranks on several GPUs, across NVLink), and
+// both are one block per (rank, ring position, chunk of kChunkTokens tokens), so those reads are
+// all in flight at once instead of one chunk after another.
 //
 // Counting kernel, one block per (rank, ring position, chunk): reads the chunk's routing once,
 //   checks it (token count, expert ids, an expert repeated within a token), and writes the
