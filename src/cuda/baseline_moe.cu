@@ -767,9 +767,7 @@ void BaselineMoe::set_weights(const ExpertWeights& weights) {
 
 void BaselineMoe::set_rank_weights(int rank, const RankExpertWeights& weights) {
   Impl& m = *impl_;
-  COMET_CHECK(m.fabric.is_local(rank), "BaselineMoe::set_rank_weights: rank " << rank << " is not driven by this "
-                                       << "process (ranks " << m.first << ".." << m.first + m.num_local - 1 << " of "
-                                       << m.config.layout.world << ")");
+  m.fabric.check_local(rank, "BaselineMoe::set_rank_weights");
   fabric::detail::DeviceGuard guard;
   COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(rank)));
   m.allocate_weights(rank);

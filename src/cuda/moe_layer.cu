@@ -959,12 +959,8 @@ void MoeLayer::set_random_weights(uint64_t seed) {
 
 void MoeLayer::set_rank_weights(int rank, const RankExpertWeights& weights) {
   Impl& m = *impl_;
-  const int first = m.fabric.first_local_rank();
-  COMET_CHECK(m.fabric.is_local(rank), "MoeLayer::set_rank_weights: rank " << rank << " is not driven by this process "
-                                                                          << "(ranks " << first << ".."
-                                                                          << first + m.fabric.num_local_ranks() - 1
-                                                                          << " of " << m.config.layout.world << ")");
-  Impl::Rank& k = m.ranks[size_t(rank - first)];
+  m.fabric.check_local(rank, "MoeLayer::set_rank_weights");
+  Impl::Rank& k = m.ranks[size_t(rank - m.fabric.first_local_rank())];
   DeviceGuard guard;
   COMET_CUDA_CHECK(cudaSetDevice(k.device));
   m.allocate_weights(k);

@@ -117,10 +117,11 @@ class Fabric {
   // The same for a fabric with exactly one local rank (Nccl, or Loopback/Local with W = 1).
   void all_to_all_v(const void* send, const int64_t* send_bytes, const int64_t* send_offsets, void* recv,
                     const int64_t* recv_bytes, const int64_t* recv_offsets, CUstream_st* stream);
+  // Throws comet::Error unless `rank` is local; `what` names the call for the message ("what(rank):
+  // rank r is not driven by this process (its ranks are a..b of W)").
+  void check_local(int rank, const char* what) const;
 
  protected:
-  // Throws comet::Error unless `rank` is local; `what` names the call for the message.
-  void check_local(int rank, const char* what) const;
 
  private:
   // all_to_all_v() after its arguments were checked.

@@ -265,7 +265,8 @@ TEST(MoeLayer, CheckpointWeightsPerRankEqualTheFullWeights) {
       layer.set_rank_weights(r, w);
     }
     EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_rank_weights(c.layout.world, {}); },
-                                         {"rank " + std::to_string(c.layout.world) + " is not driven"}));
+                                         {"MoeLayer::set_rank_weights",
+                                          "rank " + std::to_string(c.layout.world) + " is not driven"}));
     full.device.poison_y();
     layer.forward(inputs, nullptr);
     layer.check(nullptr);
