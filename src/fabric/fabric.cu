@@ -179,8 +179,9 @@ class PeerAccess {
  public:
   // Counted only once access is on: a throw leaves the count as it was.
   static void acquire(int from, int to) {
-    std::lock_guard<std::mutex> lock(mutex());
-    int& holders = counts()[{from, to}];
+    State& st = state();
+    std::lock_guard<std::mutex> lock(st.mutex);
+    int& holders = st.holders[{from, to}];
     if (holders > 0) {
       ++holders;
       return;
@@ -189,7 +190,7 @@ class PeerAccess {
     const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
     if (err == cudaErrorPeerAccessAlreadyEnabled) {
       cudaGetLastError();
-      not_ours().insert({from, to});
+      st.not_ours.insert({from, to});
     } else {
       COMET_CUDA_CHECK(err);
     }
@@ -197,24 +198,22 @@ class PeerAccess {
   }
   // No throw (destructors): a failure to disable leaves access on, which is harmless.
   static void release(int from, int to) {
-    std::lock_guard<std::mutex> lock(mutex());
-    int& holders = counts()[{from, to}];
+    State& st = state();
+    std::lock_guard<std::mutex> lock(st.mutex);
+    int& holders = st.holders[{from, to}];
     if (holders == 0 || --holders > 0) return;
-    if (not_ours().erase({from, to}) > 0) return;
+    if (st.not_ours.erase({from, to}) > 0) return;
     if (cudaSetDevice(from) == cudaSuccess && cudaDeviceDisablePeerAccess(to) != cudaSuccess) cudaGetLastError();
   }
 
  private:
-  static std::mutex& mutex() {
-    static auto* m = new std::mutex;
-    return *m;
-  }
-  static std::map<std::pair<int, int>, int>& counts() {
-    static auto* c = new std::map<std::pair<int, int>, int>;
-    return *c;
-  }
-  static std::set<std::pair<int, int>>& not_ours() {
-    static auto* s = new std::set<std::pair<int, int>>;
+  struct State {
+    std::mutex mutex;
+    std::map<std::pair<int, int>, int> holders;  // Local fabrics holding each pair
+    std::set<std::pair<int, int>> not_ours;      // pairs enabled before any fabric asked
+  };
+  static State& state() {
+    static auto* s = new State;
     return *s;
   }
 };
