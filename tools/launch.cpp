@@ -463,6 +463,11 @@ void Launcher::drain(Rank& r) {
   }
 }
 
+// `seconds` from now, on the launcher's clock.
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 void Launcher::signal_groups(int sig) {
   // Exited leaders too: their groups may hold processes they started.
   for (const Rank& r : ranks_)
@@ -499,8 +504,7 @@ std::set<pid_t> groups_with_live_members(const std::set<pid_t>& pgids) {
 // run still returns 0.
 void Launcher::end_leftovers() {
   signal_groups(SIGTERM);
-  const Clock::time_point kill_at =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.grace_s));
+  const Clock::time_point kill_at = after(spec_.grace_s);
   std::set<pid_t> groups;
   for (const Rank& r : ranks_)
     if (r.pid > 0 && !r.reaped) groups.insert(r.pid);
@@ -517,7 +521,7 @@ void Launcher::begin_stop(int sig, int exit_code) {
   stopping_ = true;
   g_output_impatient = true;
   exit_code_ = exit_code;
-  kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.grace_s));
+  kill_at_ = after(spec_.grace_s);
   signal_groups(sig);
 }
 
@@ -568,8 +572,7 @@ void Launcher::check_exits() {
 int Launcher::run() {
   for (int i = 0; i < spec_.num_ranks; ++i) spawn(i);
   const bool has_timeout = spec_.timeout_s > 0;
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.timeout_s));
+  const Clock::time_point deadline = after(spec_.timeout_s);
   if (has_timeout) g_output_deadline = deadline;
   sig_atomic_t stop_signals_seen = 0;
   std::vector<pollfd> fds;
