@@ -50,12 +50,17 @@ std::vector<int> tokens_of(int world, int call) {
   return t;
 }
 
-// A forward into poisoned outputs, checked: this rank's output must match the oracle's.
-void expect_forward_matches_oracle(MoeLayer& layer, cuda::DeviceProblem& d, const MoeProblem& p, int me) {
+// This rank's output of a forward into poisoned outputs, after check().
+std::vector<float> checked_forward(MoeLayer& layer, cuda::DeviceProblem& d) {
   d.poison_y();
   layer.forward(d.tensors(), nullptr);
   layer.check(nullptr);
-  EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]}));
+  return d.download_y()[0];
+}
+
+// A checked forward: this rank's output must match the oracle's.
+void expect_forward_matches_oracle(MoeLayer& layer, cuda::DeviceProblem& d, const MoeProblem& p, int me) {
+  EXPECT_TRUE(testing::near_oracle({checked_forward(layer, d)}, {ref::oracle_forward(p)[me]}));
 }
 
 // Rank `me`'s output of the same layer with every rank on this process's GPU (Loopback): the
@@ -95,9 +100,7 @@ TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
         // A benchmark's barrier between forwards (Part::kBarrier) continues the ranks' barrier
         // sequence: the next forward's barriers still meet.
         if (call == 1) layer.run_part(MoeLayer::Part::kBarrier, nullptr);
-        layer.forward(d.tensors(), nullptr);
-        layer.check(nullptr);
-        const std::vector<float> got = d.download_y()[0];
+        const std::vector<float> got = checked_forward(layer, d);
         EXPECT_EQ(got, loopback_y(c, p, o, me, f.device_of(me))) << "call " << call << ": Nccl and Loopback differ";
         EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]})) << "call " << call;
       }
@@ -130,10 +133,7 @@ TEST(MoeLayerNccl, RanksMayRunDifferentOptions) {
     o.n_comm0 = o.n_comm1 = 1 + 7 * ((me + call) % 3);  // 1, 8 or 15 blocks, unused by some modes
     layer.set_options(o);
     cuda::DeviceProblem d(c, p, &f);
-    d.poison_y();
-    layer.forward(d.tensors(), nullptr);
-    layer.check(nullptr);
-    const std::vector<float> got = d.download_y()[0];
+    const std::vector<float> got = checked_forward(layer, d);
     EXPECT_EQ(got, loopback_y(c, p, LayerOptions{}, me, f.device_of(me)))
         << "differs from Loopback with default options";
     EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]}));
