@@ -219,10 +219,10 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
   title << "comet bench layer: " << row.model << ", " << row.tokens << " tokens per rank, W " << row.world << " = EP "
         << row.ep << " x TP " << row.tp << ", fused kernels, n_comm " << row.n_comm0 << "/" << row.n_comm1 << ", "
         << info.name << " (" << info.num_sms << " SMs), "
-        << (row.ranks_per_gpu == row.world ? o.fabric + " fabric: the ranks' kernels run one after another"
-            : row.ranks_per_gpu > 1
-                ? o.fabric + " fabric: " + std::to_string(row.ranks_per_gpu) + " ranks per GPU, one after another on each"
-                : o.fabric + " fabric: one GPU per rank");
+        << o.fabric << " fabric: "
+        << (row.ranks_per_gpu == row.world ? "the ranks' kernels run one after another"
+            : row.ranks_per_gpu > 1 ? std::to_string(row.ranks_per_gpu) + " ranks per GPU, one after another on each"
+                                    : std::string("one GPU per rank"));
   t.title = title.str();
   // With one process per rank each writes its own rank's timeline, "-rank<r>" before ".json".
   const bool per_process = o.fabric == "nccl";

@@ -19,7 +19,9 @@ std::string fixed(double v, int precision, const char* suffix = "") {
 }  // namespace
 
 double LayerBenchRow::hidden_fraction() const { return core::hidden_fraction(fused_us, compute_us, comm_us); }
-double LayerBenchRow::comm_link_gbps() const { return core::link_gbps_per_direction(remote_bytes, world, comm_us, ranks_per_gpu); }
+double LayerBenchRow::comm_link_gbps() const {
+  return core::link_gbps_per_direction(remote_bytes, world, comm_us, ranks_per_gpu);
+}
 double LayerBenchRow::fused_link_gbps() const {
   return core::link_gbps_per_direction(remote_bytes, world, fused_us, ranks_per_gpu);
 }
@@ -95,7 +97,8 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
          : turns ? "the " + std::to_string(first.ranks_per_gpu) + " ranks of each GPU one after another, "
                  : std::string("the W ranks in parallel, "))
      << first.bound_gpu << " (link "
-     << fixed(first.bound_link_gbps, 0) << " GB/s per direction); GB/s are per link direction" << (turns ? ", ranks taking turns; " : "; ")
+     << fixed(first.bound_link_gbps, 0) << " GB/s per direction); GB/s are per link direction"
+     << (turns ? ", ranks taking turns; " : "; ")
      << link << "\n";
   for (const auto& r : rows) {
     if (r.baselines_run())

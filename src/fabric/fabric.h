@@ -151,8 +151,9 @@ std::unique_ptr<Fabric> make_local_fabric(int world);
 int local_fabric_gpus(int world, int visible);
 
 // By name, for command-line tools: "loopback" (W virtual ranks on the current GPU), "local" (the
-// W ranks over the visible GPUs, make_local_fabric; this process) or "nccl" (this process's rank of a `comet launch` run, read from the
-// environment; WORLD_SIZE must equal `world`). Throws comet::Error naming the problem.
+// W ranks over the visible GPUs, make_local_fabric; this process) or "nccl" (this process's rank
+// of a `comet launch` run, read from the environment; WORLD_SIZE must equal `world`). Throws
+// comet::Error naming the problem.
 std::unique_ptr<Fabric> make_fabric(const std::string& kind, int world);
 
 // True when this build has the Nccl fabric (NCCL >= 2.28 found at configure time).
