@@ -96,6 +96,8 @@ struct LayerConfig {
   // may send one row per local expert it selected (at most min(topk, E/EP) distinct ones),
   // plus up to block_m - 1 padding rows after each expert's segment.
   int64_t max_rows_per_rank() const;
+  // Column blocks of a rank's layer0 (F/TP wide) and layer1 (H wide) outputs.
+  int num_col_blocks0() const { return (ffn_per_rank() + tiles.block_n0 - 1) / tiles.block_n0; }
   int num_col_blocks1() const { return (model.hidden + tiles.block_n1 - 1) / tiles.block_n1; }
   // M tiles of the A buffer: max_rows_per_rank() / block_m.
   int64_t max_m_tiles_per_rank() const;

@@ -116,8 +116,7 @@ Status LayerConfig::validate() const {
                 ", block_n1=" + std::to_string(tiles.block_n1) + ")");
   // Row and tile indices are int32 in the plan and on the device.
   const int64_t tile_count = max_m_tiles_per_rank() * std::max(num_col_blocks1(), 1);
-  const int64_t n_blocks0 = (int64_t(ffn_per_rank()) + tiles.block_n0 - 1) / tiles.block_n0;
-  const int64_t tile_count0 = max_m_tiles_per_rank() * std::max<int64_t>(n_blocks0, 1);
+  const int64_t tile_count0 = max_m_tiles_per_rank() * std::max(num_col_blocks0(), 1);
   if (max_rows_per_rank() > (int64_t(1) << 31) - 1 || tile_count > (int64_t(1) << 31) - 1 ||
       tile_count0 > (int64_t(1) << 31) - 1)
     return fail("the buffers of one rank would hold " + std::to_string(max_rows_per_rank()) + " rows, " +

@@ -52,7 +52,7 @@ Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPl
   s.rank = dst;
   s.world = plan.world();
   s.stages = stages == 0 ? s.world : std::min(stages, s.world);
-  s.num_n_blocks = (config.ffn_per_rank() + config.tiles.block_n0 - 1) / config.tiles.block_n0;
+  s.num_n_blocks = config.num_col_blocks0();
   s.m_tiles = build_m_tiles(plan, dst, config.tiles.block_m);
   s.order.resize(s.m_tiles.size());
   std::iota(s.order.begin(), s.order.end(), 0);
