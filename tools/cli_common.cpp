@@ -124,8 +124,8 @@ void read_integers_as_decimal(CLI::App& app) {
 
 void add_fabric_option(CLI::App& app, std::string& fabric) {
   app.add_option("--fabric", fabric,
-                 "loopback (W virtual ranks on one GPU), local (the ranks over the visible GPUs) or nccl (one process per rank, "
-                 "under `comet launch`; rank 0 prints)")
+                 "loopback (W virtual ranks on one GPU), local (the ranks over the visible GPUs) or nccl (one "
+                 "process per rank, under `comet launch`; rank 0 prints)")
       ->check(CLI::IsMember({"loopback", "local", "nccl"}))
       ->capture_default_str();
 }

@@ -7,7 +7,8 @@
 //                 "tokens_per_rank": 4096, "n_comm0": 24, "n_comm1": 20, "latency_us": 1234.5,
 //                 "unfused_us": 1300.0, "layer0_copies": "blocks", "dispatch_order": "ring",
 //                 "layer1_combine": "blocks"}]}
-// "gpus" (TuningKey::gpus: 1, world, or a divisor between) may be absent: 1, as in tables written before it existed.
+// "gpus" (TuningKey::gpus: 1, world, or a divisor between) may be absent: 1, as in tables
+// written before it existed.
 // "latency_us" (the fused forward) and "unfused_us" (the unfused forward, same run) may be
 // absent: 0, not measured; an entry without both never chooses the fused path (choose_path).
 // "layer0_copies" ("blocks" | "gemm"), "dispatch_order" ("ring" | "rows") and "layer1_combine"
