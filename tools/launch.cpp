@@ -41,8 +41,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <set>
 #include <string_view>
 #include <thread>
@@ -474,6 +472,23 @@ void Launcher::signal_groups(int sig) {
     if (r.pid > 0 && !r.reaped) ::kill(-r.pid, sig);
 }
 
+// The whole of a /proc file, or what was read before an error: a process that exits while its
+// file is read fails the read (ESRCH), which a stream would throw for.
+std::string read_proc_file(const std::filesystem::path& path) {
+  std::string text;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return text;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) text.append(buf, size_t(n));
+    else if (n < 0 && errno == EINTR) continue;
+    else break;
+  }
+  ::close(fd);
+  return text;
+}
+
 // The process groups among `pgids` that hold a process other than a zombie (Linux /proc; a
 // rank's exited leader stays in its group as a zombie until it is reaped). One scan of /proc.
 // A process whose main thread exited while other threads run shows as a zombie too and is
@@ -484,10 +499,9 @@ std::set<pid_t> groups_with_live_members(const std::set<pid_t>& pgids) {
   for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(it->path() / "stat");
     // The whole file: comm (in parentheses) may hold spaces, parentheses and newlines, so the
     // fields are read after the last ')'.
-    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string stat = read_proc_file(it->path() / "stat");
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;  // ended meanwhile
     char state = 0;
