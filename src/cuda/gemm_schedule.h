@@ -49,9 +49,10 @@ COMET_HOST_DEVICE inline int find_range(const int32_t* psum, int n, int64_t v) {
 }
 
 // The `cluster` entries of unit u (u below gemm_schedule_prefixes' count) into unit[0..cluster).
-COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* row_psum, const int32_t* unit_psum,
-                                                 const int32_t* tail_psum, int num_experts, int num_n_blocks,
-                                                 int cluster, TileOrder order, GemmTile* unit) {
+// rows_per_expert gives each tile's `rows`.
+COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_per_expert, const int32_t* row_psum,
+                                                 const int32_t* unit_psum, const int32_t* tail_psum, int num_experts,
+                                                 int num_n_blocks, int cluster, TileOrder order, GemmTile* unit) {
   const int units_m = unit_psum[num_experts];
   const int64_t grid_units = int64_t(units_m) * num_n_blocks;
   if (u < grid_units) {
@@ -61,18 +62,20 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* row_p
     raster_tile(order, group, u, units_m, num_n_blocks, mu, n);
     const int e = find_range(unit_psum, num_experts, mu);
     const int first_row = row_psum[e] + (mu - unit_psum[e]) * cluster * kGemmBlockM;
+    const int row_end = row_psum[e] + rows_per_expert[e];
     for (int r = 0; r < cluster; ++r) {
       const int m_row = first_row + r * kGemmBlockM;
-      unit[r] = GemmTile{m_row, n, e, m_row / kGemmBlockM};
+      unit[r] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
     }
     return;
   }
   const int64_t v = u - grid_units;
   const int e = find_range(tail_psum, num_experts, v);
+  const int row_end = row_psum[e] + rows_per_expert[e];
   const int m_row = row_psum[e + 1] - kGemmBlockM, n = 2 * int(v - tail_psum[e]);
-  unit[0] = GemmTile{m_row, n, e, m_row / kGemmBlockM};
-  unit[1] = n + 1 < num_n_blocks ? GemmTile{m_row, n + 1, e, m_row / kGemmBlockM}
-                                 : GemmTile{~m_row, n, e, m_row / kGemmBlockM};
+  unit[0] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
+  unit[1] = make_gemm_tile(m_row, n + 1 < num_n_blocks ? n + 1 : n, e, row_end, m_row / kGemmBlockM);
+  if (n + 1 >= num_n_blocks) unit[1].m_row = ~m_row;  // padding: its partner's rows
 }
 
 // Split of a list of `tiles` whole tiles (GemmSplit). The first `whole` tiles, whole waves of
@@ -131,7 +134,7 @@ COMET_HOST_DEVICE inline void gemm_split_entry(int64_t e, const GemmSplitPlan& p
   const int64_t u = e - plan.whole;
   piece = GemmSplitPiece{};
   if (u >= plan.rest * plan.parts) {
-    tile = GemmTile{~0, 0, 0, 0};
+    tile = GemmTile{~0, 0, 0, 0, 0};
     piece.role = GemmSplitRole::kIdle;
     return;
   }
@@ -164,8 +167,8 @@ inline std::vector<GemmTile> gemm_schedule_host(const std::vector<int>& rows_per
                                                unit_psum.data(), tail_psum.data());
   std::vector<GemmTile> tiles(size_t(units * cluster));
   for (int64_t u = 0; u < units; ++u)
-    gemm_schedule_unit(u, row_psum.data(), unit_psum.data(), tail_psum.data(), E, num_n_blocks, cluster, order,
-                       tiles.data() + u * cluster);
+    gemm_schedule_unit(u, rows.data(), row_psum.data(), unit_psum.data(), tail_psum.data(), E, num_n_blocks, cluster,
+                       order, tiles.data() + u * cluster);
   const GemmSplitPlan plan = cluster == 1 ? gemm_split_plan(units, split) : GemmSplitPlan{units * cluster, 0, 1, units * cluster};
   if (pieces) pieces->assign(size_t(plan.entries), GemmSplitPiece{});
   if (plan.parts == 1) return tiles;

@@ -88,6 +88,10 @@ Status can_implement(const GroupedGemmArgs& a) {
     os << "grouped GEMM needs E >= 1, N >= 1, K >= 1 (got E=" << a.num_experts << ", N=" << a.n << ", K=" << a.k << ")";
     return Status::failure(os.str());
   }
+  if (a.num_experts > kMaxGemmExperts) {
+    os << "grouped GEMM takes at most " << kMaxGemmExperts << " experts per launch (got E=" << a.num_experts << ")";
+    return Status::failure(os.str());
+  }
   // TMA: every global stride must be a multiple of 16 bytes; bf16 pairs are stored at once.
   if (a.k % 8 != 0) {
     os << "K=" << a.k << " is not a multiple of 8 (TMA needs 16-byte row strides)";
@@ -222,7 +226,8 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
   __syncthreads();
   if (cluster != 1 || plan.parts == 1) {  // unsplit (asked for a split: every piece whole)
     for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
-      gemm_schedule_unit(u, psum, unit_psum, tail_psum, num_experts, num_n_blocks, cluster, order, tiles + u * cluster);
+      gemm_schedule_unit(u, rows_per_expert, psum, unit_psum, tail_psum, num_experts, num_n_blocks, cluster, order,
+                         tiles + u * cluster);
       if (pieces != nullptr)
         for (int r = 0; r < cluster; ++r) pieces[u * cluster + r] = GemmSplitPiece{};
     }
@@ -230,7 +235,7 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
   }
   auto tile_of = [&](int64_t u) {
     GemmTile t;
-    gemm_schedule_unit(u, psum, unit_psum, tail_psum, num_experts, num_n_blocks, 1, order, &t);
+    gemm_schedule_unit(u, rows_per_expert, psum, unit_psum, tail_psum, num_experts, num_n_blocks, 1, order, &t);
     return t;
   };
   for (int64_t e = threadIdx.x; e < plan.entries; e += blockDim.x) {
@@ -248,7 +253,8 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity, CUstream_st* stream,
                       const int32_t* accepted, const GemmSplit& split, GemmSplitPiece* pieces) {
-  COMET_CHECK(num_experts >= 1 && num_n_blocks >= 1, "build_gemm_tiles: E=" << num_experts << ", n blocks=" << num_n_blocks);
+  COMET_CHECK(num_experts >= 1 && num_experts <= kMaxGemmExperts && num_n_blocks >= 1,
+              "build_gemm_tiles: E=" << num_experts << " (1.." << kMaxGemmExperts << "), n blocks=" << num_n_blocks);
   COMET_CHECK(kernel != GemmKernel::kAuto, "build_gemm_tiles: resolve the kernel first (resolve_gemm_kernel)");
   COMET_CHECK(gemm_cluster_m(kernel) <= 2, "build_gemm_tiles: clusters of 1 or 2 blocks");
   COMET_CHECK(split.blocks == 0 || gemm_cluster_m(kernel) == 1,

@@ -89,14 +89,27 @@ bool choose_gemm_split(GemmEpilogue epilogue, GemmKernel kernel, int k);
 // its share of the B multicast, computes, and stores nothing: no output, no wait, no done
 // signal, no trace record. Under a split list's idle pieces (the last round's fill) the split
 // kernel loads and computes nothing; a plain kernel given that list treats them as above.
+// `rows`: the expert's rows in the tile (1..kGemmBlockM; less in an expert's last M tile; a
+// padding tile carries its partner's). The cooperative kernels skip the MMAs of a warpgroup
+// whose 64 rows are all past the expert's end and store nothing there (D's padding rows are not
+// part of the output). 0 means "not given" and counts as kGemmBlockM.
 struct alignas(16) GemmTile {
   int32_t m_row;
   int32_t n_block;
-  int32_t expert;
+  int16_t expert;  // below kMaxGemmExperts (can_implement)
+  int16_t rows;
   int32_t signal;
 };
+static_assert(sizeof(GemmTile) == 16, "16-byte tile entries: the kernels load one per tile");
+inline constexpr int kMaxGemmExperts = 32767;
 COMET_HOST_DEVICE inline bool gemm_tile_is_padding(const GemmTile& t) { return t.m_row < 0; }
 COMET_HOST_DEVICE inline int gemm_tile_a_row(const GemmTile& t) { return t.m_row < 0 ? ~t.m_row : t.m_row; }
+COMET_HOST_DEVICE inline int gemm_tile_rows(const GemmTile& t) { return t.rows > 0 ? t.rows : kGemmBlockM; }
+// The tile of rows [m_row, m_row + kGemmBlockM) of expert `expert`, whose rows end at `row_end`.
+COMET_HOST_DEVICE inline GemmTile make_gemm_tile(int m_row, int n_block, int expert, int row_end, int signal) {
+  const int rows = row_end - m_row < kGemmBlockM ? row_end - m_row : kGemmBlockM;
+  return GemmTile{m_row, n_block, int16_t(expert), int16_t(rows > 0 ? rows : 0), signal};
+}
 
 // Split schedules (GemmSplit below) cut the tiles of the last, partial wave along K: entry i of
 // the tile list then runs the part of its tile that piece i of `split_pieces` says. Kept apart

@@ -338,6 +338,24 @@ struct GroupedGemmKernel {
       // stores at a negative row. A kPartial entry stores no output either: its sum goes to the
       // split workspace.
       const bool stores = !gemm_tile_is_padding(tile) && role != GemmSplitRole::kPartial;
+      // Cooperative: the second warpgroup's 64 rows of an expert's last M tile may all lie past
+      // the expert's rows. It then computes and stores nothing: the first warpgroup has the
+      // tensor cores alone (an expert with 1032 rows runs 8 full tiles and a half one).
+      if (!kPingpong && consumer == 1 && gemm_tile_rows(tile) <= kRowsPerWarpGroup) {
+        // Release each stage once it is full, as the MMAs would: releasing before the producer
+        // filled it could let a stage be refilled while the other warpgroup still reads it.
+        for (int k = 0; k < k_count; ++k, ++read_state) {
+          pipeline.consumer_wait(read_state);
+          pipeline.consumer_release(read_state);
+        }
+        // The named barriers the first warpgroup meets below (its sums are its own: the finishing
+        // piece adds no partial to these rows and stores none of them).
+        if (role == GemmSplitRole::kPartial) cutlass::arch::NamedBarrier::sync(kMmaThreads, 1);
+        if (stores && role == GemmSplitRole::kFinish) cutlass::arch::NamedBarrier::sync(kMmaThreads, 1);
+        if (stores && (p.done_flags != nullptr || p.tile_end_ns != nullptr || p.trace_tiles != nullptr))
+          cutlass::arch::NamedBarrier::sync(kMmaThreads, 1);
+        continue;  // (a branch around the MMAs instead made ptxas serialize every wgmma, C7518)
+      }
       // The tile's trace record opens in memory (no register kept across the mainloop).
       if (p.trace_tiles != nullptr && mma_thread == 0 && stores) p.trace_tiles[t].begin_ns = globaltimer_ns();
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));

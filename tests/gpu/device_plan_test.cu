@@ -1,6 +1,7 @@
 // GPU tests of the device-side dispatch plan (label `gpu`): for every rank, the plan computed on
 // the device from routing read through peer pointers equals comet::DispatchPlan and the layer0
 // schedule exactly; bad input is recorded, not written out of bounds.
+#include <algorithm>
 #include <sstream>
 
 #include "comet/plan.h"
@@ -249,9 +250,14 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
       EXPECT_EQ(t.m_row, m_row[t.signal]);
       EXPECT_GE(t.m_row, host.expert_row_begin(r, t.expert)) << "tile of the wrong expert";
       EXPECT_LT(t.m_row, host.expert_row_begin(r, t.expert) + host.expert_rows(r, t.expert));
+      EXPECT_EQ(t.rows, std::min(kGemmBlockM, host.expert_row_begin(r, t.expert) + host.expert_rows(r, t.expert) - t.m_row))
+          << "the expert's rows in the tile";
       ++seen[size_t(t.signal) * layout.n_blocks0 + t.n_block];
     }
     for (int x : seen) EXPECT_EQ(x, 1);
+    for (const GemmTile& t : download(v.tiles1, n_tiles[1]))
+      EXPECT_EQ(t.rows, std::min(kGemmBlockM, host.expert_row_begin(r, t.expert) + host.expert_rows(r, t.expert) - t.m_row))
+          << "the expert's rows in the layer1 tile";
   }
 }
 

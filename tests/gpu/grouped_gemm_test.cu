@@ -183,9 +183,19 @@ struct DeviceGemm {
   }
 };
 
+// The output's expert rows, the rest (rows past an expert's end in its last M tile) zeroed: those
+// are not part of the output. The cooperative kernels leave them as they were when a consumer
+// warpgroup's 64 rows all lie there; the ping-pong ones store products of A's padding rows.
+std::vector<uint16_t> expert_rows_only(const GemmProblem& p, std::vector<uint16_t> d) {
+  for (int row = 0; row < p.max_rows; ++row)
+    if (p.row_expert[row] < 0) std::fill_n(d.begin() + int64_t(row) * p.c.n, p.c.n, uint16_t(0));
+  return d;
+}
+
 struct GemmRun {
-  std::vector<uint16_t> d;
-  std::vector<uint16_t> first_d;  // claimed or split: the first of the two launches' outputs
+  std::vector<uint16_t> d;        // expert_rows_only of the output
+  std::vector<uint16_t> raw_d;    // the whole output buffer (poisoned before the launch)
+  std::vector<uint16_t> first_d;  // claimed or split: the first of the two launches' outputs (expert rows)
   std::vector<float> reference;
   DeviceError error;
   int num_tiles = 0;
@@ -226,13 +236,14 @@ GemmRun run_case(const GemmProblem& p, TileOrder order, const SignalSetup* signa
   run_grouped_gemm(args, nullptr);
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
   if (dealing.claimed || dealing.split) {  // again on the same counter or flags: the output comes from this launch
-    out.first_d = g.d.download();
+    out.first_d = expert_rows_only(p, g.d.download());
     g.d.poison();
     run_grouped_gemm(args, nullptr);
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   out.claims = claims.download()[0];
-  out.d = g.d.download();
+  out.raw_d = g.d.download();
+  out.d = expert_rows_only(p, out.raw_d);
   out.error = g.error.download()[0];
   out.num_tiles = g.num_tiles.download()[0];
   DeviceBuffer<float> ref(size_t(p.max_rows) * c.n);
@@ -351,7 +362,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, GroupedGemmPresetTest,
                          });
 
 // Every kernel configuration computes each tile with the same k order, so their outputs are
-// equal bit for bit (padding rows included: they hold the same products of A's padding rows).
+// equal bit for bit (on the experts' rows: see expert_rows_only).
 TEST(GroupedGemm, SkewedZeroAndPartialExperts) {
   COMET_REQUIRE_GPU();
   for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
@@ -367,6 +378,40 @@ TEST(GroupedGemm, SkewedZeroAndPartialExperts) {
     }
     for (size_t i = 1; i < outputs.size(); ++i)
       EXPECT_EQ(outputs[i], outputs[0]) << gemm_kernel_name(kKernels[i]) << " differs from " << gemm_kernel_name(kKernels[0]);
+  }
+}
+
+// An expert's last M tile with at most 64 rows: the cooperative kernels' second consumer
+// warpgroup computes and stores nothing (the tile takes about half the time), and the rows it
+// would have stored keep the poison; with 65 rows or more both warpgroups compute and store, as
+// the ping-pong kernels always do. The experts' rows match the references in every case,
+// static and claimed, and on a split schedule.
+TEST(GroupedGemm, CooperativeSkipsRowsPastTheExpert) {
+  COMET_REQUIRE_GPU();
+  // Last M tiles of 60, 1, 64, 65 and 128 rows (and a one-row expert).
+  const std::vector<int> rows = {700, 129, 64, 65, 128, 1};
+  for (GemmKernel kernel : kKernels)
+  for (auto epilogue : {GemmEpilogue::kSwiGlu, GemmEpilogue::kIdentity}) {
+    const GemmCase c{"rows past the expert", epilogue, 2120, 384, rows, 29, kernel};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const GemmRun run = run_checked(p, TileOrder::kColumnBlockMajor);
+    const bool cooperative = kernel == GemmKernel::kCooperative128x256 || kernel == GemmKernel::kCooperative128x256Cluster2x1;
+    for (int e = 0; e < int(rows.size()); ++e) {
+      const int last_tile = p.offsets[e + 1] - kGemmBlockM, end = p.offsets[e] + rows[e];
+      const bool skipped = cooperative && end - last_tile <= kGemmBlockM / 2;
+      for (int row = std::max(end, last_tile + kGemmBlockM / 2); row < p.offsets[e + 1]; ++row)
+        for (int col = 0; col < c.n; col += 97)
+          ASSERT_EQ(run.raw_d[size_t(row) * c.n + col] == 0xffff, skipped)
+              << "expert " << e << " row " << row << (skipped ? " was stored" : " was not stored");
+    }
+    if (cooperative && gemm_cluster_m(kernel) == 1) {
+      for (TileDealing dealing : {TileDealing{true, 0, false}, TileDealing{false, 5, true}}) {
+        const GemmRun other = run_case(p, TileOrder::kColumnBlockMajor, nullptr, 2'000'000'000ull, dealing);
+        EXPECT_EQ(other.error.claimed, 0) << describe(other.error);
+        check_run(p, other);
+      }
+    }
   }
 }
 
@@ -409,6 +454,7 @@ TEST(GroupedGemm, DeviceScheduleIsTheHostOne) {
       ASSERT_EQ(got[t].n_block, want[t].n_block) << "entry " << t;
       ASSERT_EQ(got[t].expert, want[t].expert) << "entry " << t;
       ASSERT_EQ(got[t].signal, want[t].signal) << "entry " << t;
+      ASSERT_EQ(got[t].rows, want[t].rows) << "entry " << t;
       if (split_blocks == 0) continue;
       const GemmSplitPiece &g = got_pieces[t], &w = want_pieces[t];
       ASSERT_EQ(g.role, w.role) << "entry " << t;
@@ -491,7 +537,7 @@ TEST(GroupedGemm, SplitListOnThePlainKernelGivesTheUnsplitOutput) {
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(g.error.download()[0].claimed, 0);
   EXPECT_GT(g.num_tiles.download()[0], 11 * 5) << "the list is not split";
-  EXPECT_EQ(g.d.download(), run_case(p, TileOrder::kColumnBlockMajor).d);
+  EXPECT_EQ(expert_rows_only(p, g.d.download()), run_case(p, TileOrder::kColumnBlockMajor).d);
 }
 
 TEST(GroupedGemm, KAndNTailsAreZeroFilled) {
@@ -600,7 +646,11 @@ TEST(GroupedGemm, ScheduleOfAnotherConfigurationIsRefusedOrHarmless) {
     run_grouped_gemm(args, nullptr);
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(g.error.download()[0].claimed, 0);
-    EXPECT_EQ(g.d.download(), want.d) << "the padding tile stored something, or a real tile is missing";
+    EXPECT_EQ(expert_rows_only(p, g.d.download()), want.d) << "a real tile is missing";
+    const std::vector<uint16_t> raw = g.d.download();
+    // The last M tile (rows 256-383) holds 44 rows: its second warpgroup's 64 rows are skipped.
+    for (int row = 320; row < p.max_rows; ++row)
+      ASSERT_EQ(raw[size_t(row) * p.c.n], 0xffff) << "row " << row << " past the expert's end was stored";
   }
 }
 

@@ -50,6 +50,12 @@ void check_schedule(const std::vector<int>& rows, int nb, int cluster, TileOrder
                           second.n_block == first.n_block && first.n_block == nb - 1;
       ASSERT_TRUE(m_pair || n_pair || padded) << "entries " << t - t % 2 << " and " << t - t % 2 + 1;
     }
+    // rows: the expert's rows in the tile (a padding tile: its partner's), which the
+    // cooperative kernels read to skip a warpgroup whose 64 rows all lie past them.
+    const int a_row = gemm_tile_a_row(tile);
+    const int expert_end = offsets[tile.expert] + rows[tile.expert];
+    ASSERT_EQ(tile.rows, std::min(kGemmBlockM, expert_end - a_row)) << "entry " << t;
+    ASSERT_GE(gemm_tile_rows(tile), 1) << "entry " << t;
     if (gemm_tile_is_padding(tile)) {
       ++padding;
       continue;
