@@ -73,9 +73,11 @@ void Fabric::run_wait(CUstream_st* stream, const std::string& what) {
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+// The generation moves first: run_allocate frees the old heap before it allocates, so a layer
+// built on the old heap must refuse to run even when the new allocation fails.
 void Fabric::allocate(int64_t bytes_per_rank) {
-  run_allocate(bytes_per_rank);
   ++heap_generation_;
+  run_allocate(bytes_per_rank);
 }
 
 void Fabric::all_to_all_v(const void* send, const int64_t* send_bytes, const int64_t* send_offsets, void* recv,
@@ -127,8 +129,9 @@ class LoopbackFabric final : public Fabric {
     release();
     DeviceGuard guard;
     COMET_CUDA_CHECK(cudaSetDevice(device_));
-    bytes_ = round_up(bytes, kHeapAlign);
-    COMET_CUDA_CHECK(cudaMalloc(&heap_, std::max<int64_t>(bytes_, 256) * world_));
+    const int64_t want = round_up(bytes, kHeapAlign);
+    COMET_CUDA_CHECK(cudaMalloc(&heap_, std::max<int64_t>(want, 256) * world_));
+    bytes_ = want;  // set once the heap exists: a failed allocation leaves none and 0 bytes
     COMET_CUDA_CHECK(cudaMemset(heap_, 0, std::max<int64_t>(bytes_, 256) * world_));
     bases_.resize(world_);
     for (int r = 0; r < world_; ++r) bases_[r] = static_cast<char*>(heap_) + r * bytes_;
@@ -159,6 +162,7 @@ class LoopbackFabric final : public Fabric {
     heap_ = nullptr;
     table_ = nullptr;
     bases_.clear();
+    bytes_ = 0;
   }
   int world_, device_;
   int64_t bytes_ = 0;
@@ -257,14 +261,15 @@ class LocalFabric final : public Fabric {
     COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
     release();
     DeviceGuard guard;
-    bytes_ = round_up(bytes, kHeapAlign);
+    const int64_t want = round_up(bytes, kHeapAlign);
     heaps_.assign(world_, nullptr);
     tables_.assign(world_, nullptr);
     for (int r = 0; r < world_; ++r) {
       COMET_CUDA_CHECK(cudaSetDevice(device_of(r)));
-      COMET_CUDA_CHECK(cudaMalloc(&heaps_[r], std::max<int64_t>(bytes_, 256)));
-      COMET_CUDA_CHECK(cudaMemset(heaps_[r], 0, std::max<int64_t>(bytes_, 256)));
+      COMET_CUDA_CHECK(cudaMalloc(&heaps_[r], std::max<int64_t>(want, 256)));
+      COMET_CUDA_CHECK(cudaMemset(heaps_[r], 0, std::max<int64_t>(want, 256)));
     }
+    bytes_ = want;  // set once every heap exists
     for (int r = 0; r < world_; ++r) {  // with unified addressing a pointer is valid on every peer
       COMET_CUDA_CHECK(cudaSetDevice(device_of(r)));
       COMET_CUDA_CHECK(cudaMalloc(&tables_[r], world_ * sizeof(void*)));
@@ -294,6 +299,7 @@ class LocalFabric final : public Fabric {
     for (void** p : tables_) if (p) cudaFree(p);
     heaps_.clear();
     tables_.clear();
+    bytes_ = 0;
   }
   void release_peers() {
     int saved = 0;  // restored below; no throwing guard in a destructor

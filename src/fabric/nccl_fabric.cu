@@ -126,7 +126,6 @@ class NcclFabric final : public Fabric {
     check_usable();
     DeviceGuard guard;
     COMET_CUDA_CHECK(cudaSetDevice(env_.local_rank));
-    release();
     const int64_t want = round_up(bytes, kHeapAlign);
 
     // 1. Every rank must ask for the same size: NCCL's registration would fail less clearly.
@@ -142,6 +141,8 @@ class NcclFabric final : public Fabric {
     COMET_CHECK(sizes[0] == -sizes[1], context() << "allocate(): the ranks asked for different heap sizes (smallest "
                                                  << -sizes[1] << ", largest " << sizes[0] << " bytes, this rank "
                                                  << want << "); every rank must allocate the same layout");
+    // Only now the old heap goes: a refused size leaves it (and the layers on it) as they were.
+    release();
     bytes_ = want;
 
     // 2. Memory NCCL can map for its peers (CUDA VMM), zeroed before anyone can see it.

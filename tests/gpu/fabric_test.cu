@@ -43,6 +43,22 @@ TEST(LoopbackFabric, EveryRankIsLocal) {
   f->wait(nullptr, "nothing");
 }
 
+// allocate() frees the old heap before it allocates: when the new allocation fails, the heap is
+// gone, so the generation (which a layer built on the old heap checks) must have moved anyway,
+// and the fabric reports no bytes. A later allocation works.
+TEST(LoopbackFabric, FailedAllocationStillMovesTheHeapGeneration) {
+  COMET_REQUIRE_GPU();
+  auto f = make_loopback_fabric(2);
+  f->allocate(1000);
+  const uint64_t before = f->heap_generation();
+  EXPECT_THROW(f->allocate(int64_t(1) << 50), Error);  // 1 PiB per rank
+  cudaGetLastError();
+  EXPECT_NE(f->heap_generation(), before) << "a layer on the freed heap would still run";
+  EXPECT_EQ(f->bytes_per_rank(), 0);
+  f->allocate(1000);
+  EXPECT_EQ(f->bytes_per_rank(), 1024);
+}
+
 // Each rank writes a tagged block into every peer's heap through its table; the owner reads
 // its heap directly. A wrong table entry or offset changes the tags.
 TEST(LoopbackFabric, PeerTableReachesEveryHeapZeroedAtFirst) {
