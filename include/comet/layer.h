@@ -155,11 +155,14 @@ class MoeLayer {
   // Whether `config` can run on the GPU backend, and why not.
   static Status can_implement(const LayerConfig& config);
 
+  // Both weight setters are synchronous on every stream of the ranks' devices: they wait for
+  // the work already there (a forward in flight reads the old weights) and return once the
+  // copies are done (the next forward, on any stream, reads the new ones).
   // Full fp32 weights of every expert (x W convention, ExpertWeights), sliced and converted here.
   void set_weights(const ExpertWeights& weights);
   // One local rank's bf16 weights as a checkpoint stores them (RankExpertWeights), copied on the
   // device: for real models, whose full fp32 weights would not fit in one process's memory.
-  // forward() needs every local rank's weights, from either call. Synchronous.
+  // forward() needs every local rank's weights, from either call.
   void set_rank_weights(int rank, const RankExpertWeights& weights);
   // From the next forward on. Throws comet::Error for invalid values.
   void set_options(const LayerOptions& options);

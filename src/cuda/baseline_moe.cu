@@ -759,8 +759,10 @@ void BaselineMoe::set_weights(const ExpertWeights& weights) {
     const cuda::RankWeights w = cuda::slice_rank_weights(m.config, weights, r);
     COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(r)));
     m.allocate_weights(r);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());  // synchronous on every stream, as MoeLayer::set_weights
     COMET_CUDA_CHECK(cudaMemcpy(m.w0[r], w.w0.data(), w.w0.size() * 2, cudaMemcpyHostToDevice));
     COMET_CUDA_CHECK(cudaMemcpy(m.w1[r], w.w1.data(), w.w1.size() * 2, cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
     m.weights_installed(r);
   }
 }

@@ -629,7 +629,6 @@ struct MoeLayer::Impl {
   }
 
   void forward(const std::vector<RankTensors>& in, cudaStream_t stream) {
-    planned_layer1_width = layer1_col_width();
     const bool fused_kernels = fused_path();
     const Signals signals = fused_kernels ? Signals::kOn : Signals::kOff;
     auto tensors = [&](const Rank& k) -> const RankTensors& { return in[k.rank - fabric.first_local_rank()]; };
@@ -661,7 +660,11 @@ struct MoeLayer::Impl {
                              publish(first, inputs_of(first, count).data(), count, s);
                            },
                            [&](const Rank* first, int count, cudaStream_t s) { barrier(first, count, 0, s); },
-                           [&](const Rank* first, int count, cudaStream_t s) { plans(first, count, signals, s); },
+                           [&](const Rank* first, int count, cudaStream_t s) {
+                             // run_part's GEMMs and copies follow the width of the plans last enqueued
+                             planned_layer1_width = layer1_col_width();
+                             plans(first, count, signals, s);
+                           },
                            layer_steps,
                            [&](const Rank* first, int count, cudaStream_t s) { barrier(first, count, 1, s); },
                            [&](const Rank* first, int count, cudaStream_t s) {
@@ -674,6 +677,7 @@ struct MoeLayer::Impl {
       std::vector<const RankTensors*> inputs;
       for (const Rank& k : ranks) inputs.push_back(&tensors(k));
       publish(ranks.data(), inputs.data(), int(ranks.size()), stream);
+      planned_layer1_width = layer1_col_width();
       plans(ranks.data(), int(ranks.size()), signals, stream);
       for (int layer = 0; layer < 2; ++layer) {
         if (fused_kernels) {
@@ -711,14 +715,20 @@ struct MoeLayer::Impl {
                                                     : cuda::trace_chunk_capacity(1, slots, groups, warps);
     if (trace.base.empty() || want.tiles0 != trace.tiles0 || want.tiles1 != trace.tiles1 ||
         want.chunks0 != trace.chunks0 || want.chunks1 != trace.chunks1) {
-      free_trace();
+      // The new buffers first: a failed allocation frees them and leaves the old ones in place.
       DeviceGuard guard;
-      for (const Rank& k : ranks) {
-        COMET_CUDA_CHECK(cudaSetDevice(k.device));
-        void* p = nullptr;
-        COMET_CUDA_CHECK(cudaMalloc(&p, want.records() * sizeof(KernelTraceEvent)));
-        want.base.push_back(static_cast<KernelTraceEvent*>(p));
+      try {
+        for (const Rank& k : ranks) {
+          COMET_CUDA_CHECK(cudaSetDevice(k.device));
+          void* p = nullptr;
+          COMET_CUDA_CHECK(cudaMalloc(&p, want.records() * sizeof(KernelTraceEvent)));
+          want.base.push_back(static_cast<KernelTraceEvent*>(p));
+        }
+      } catch (...) {
+        for (KernelTraceEvent* b : want.base) cudaFree(b);
+        throw;
       }
+      free_trace();
       trace = want;
     }
     on_ranks(stream, {[&](const Rank& k, cudaStream_t s) {
@@ -969,6 +979,7 @@ void MoeLayer::set_rank_weights(int rank, const RankExpertWeights& weights) {
 
 void MoeLayer::run_part(Part part, CUstream_st* stream) {
   Impl& m = *impl_;
+  COMET_CHECK(m.unusable.empty(), "MoeLayer: " << m.unusable);
   m.check_heap();
   COMET_CHECK(m.have_weights(), "MoeLayer: set weights and run forward() once before run_part()");
   if (part == Part::kBarrier) {  // the forward's barrier (counts in its sequence); on one stream, stream order
@@ -1032,8 +1043,12 @@ void MoeLayer::set_weights(const ExpertWeights& w) {
     const std::vector<uint16_t> w1 = cuda::transpose_weights(down, Epr, int(Fl), int(H));
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
     m.allocate_weights(k);
+    // Synchronous on every stream (a pageable copy returns before its DMA ends): as
+    // cuda::copy_rank_weights.
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
     COMET_CUDA_CHECK(cudaMemcpy(k.w0, w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
     COMET_CUDA_CHECK(cudaMemcpy(k.w1, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
     k.weights_set = true;
   }
 }
@@ -1053,6 +1068,7 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
   m.tensor_check.check(in, m.fabric, stream);
   // Trace buffers first: allocating them may throw, and must not once the plans advanced epochs.
   const bool traced = m.fused_path() && m.options.trace;
+  m.trace.last_forward_traced = false;  // read_trace() refuses until a traced forward is enqueued
   if (traced) m.prepare_trace(stream);
   m.trace.last_forward_traced = traced;
   m.forward(in, stream);

@@ -46,6 +46,10 @@ void copy_rank_weights(const LayerConfig& c, const RankExpertWeights& w, void* w
                                                 << (gated ? " needs a gate projection" : " has no gate projection"));
   const size_t epr = c.experts_per_rank(), H = c.model.hidden, Fl = c.ffn_per_rank(), row = H * 2;
   const size_t rows0 = size_t(gemm0_weight_rows(c));
+  // Synchronous on every stream of the device (the copies below are not: device-to-device and
+  // memset run on the legacy stream, which a non-blocking stream does not wait for): a forward
+  // still running reads the old weights, and the next one, on any stream, the new.
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
   const auto* gate = static_cast<const char*>(w.gate);
   const auto* up = static_cast<const char*>(w.up);
   char* dst0 = static_cast<char*>(w0);
@@ -68,6 +72,7 @@ void copy_rank_weights(const LayerConfig& c, const RankExpertWeights& w, void* w
     }
   }
   COMET_CUDA_CHECK(cudaMemcpy(w1, w.down, epr * H * Fl * 2, cudaMemcpyDefault));  // the same layout
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace comet::cuda
