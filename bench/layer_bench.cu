@@ -226,28 +226,24 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
   t.title = title.str();
   // With one process per rank each writes its own rank's timeline, "-rank<r>" before ".json".
   const bool per_process = o.fabric == "nccl";
-  row.trace_path = o.trace_path;
-  if (several_rows || per_process) {
-    std::string stem = o.trace_path;
-    if (stem.size() > 5 && stem.compare(stem.size() - 5, 5, ".json") == 0) stem.resize(stem.size() - 5);
-    if (several_rows) {
-      // The routing as a file name: "zipf:1.2 mask:0.1" -> "zipf1.2-mask0.1".
-      std::string routing;
-      for (char ch : row.routing) {
-        if (ch == ' ') routing += '-';
-        else if (ch != ':') routing += ch;
-      }
-      stem += "-" + row.model + "-ep" + std::to_string(row.ep) + "-tp" + std::to_string(row.tp) + "-" + routing +
+  std::string suffix;
+  if (several_rows) {
+    // The routing as a file name: "zipf:1.2 mask:0.1" -> "zipf1.2-mask0.1".
+    std::string routing;
+    for (char ch : row.routing) {
+      if (ch == ' ') routing += '-';
+      else if (ch != ':') routing += ch;
+    }
+    suffix += "-" + row.model + "-ep" + std::to_string(row.ep) + "-tp" + std::to_string(row.tp) + "-" + routing +
               "-t" + std::to_string(row.tokens) + "-n" + std::to_string(row.n_comm0) + "-" +
               std::to_string(row.n_comm1) + "-g" + std::to_string(row.layer0_group_m) + "-s" +
               std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms) +
               "-c" + layer0_copies_name(row.layer0.copies) +
               "-o" + dispatch_order_name(row.layer0.order) + "-e" + on_off(row.epilogue_combine) + "-l" +
               layer1_combine_name(row.layer1_combine);
-    }
-    if (per_process) stem += "-rank" + std::to_string(row.rank);
-    row.trace_path = stem + ".json";
   }
+  if (per_process) suffix += io::trace_rank_suffix(row.rank);
+  row.trace_path = io::trace_path_with_suffix(o.trace_path, suffix);
   io::TimelineOptions svg;
   svg.ranks = per_process ? std::vector<int>{row.rank} : o.trace_ranks;
   io::write_trace_files(t, row.trace_path, svg);

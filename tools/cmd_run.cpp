@@ -21,6 +21,7 @@
 #include "comet/cost_model.h"
 #include "comet/plan.h"
 #include "comet/problem.h"
+#include "core/process_env.h"
 #include "ref/oracle.h"
 #include "io/trace_writers.h"
 #include "ref/ref_backend.h"
@@ -60,6 +61,7 @@ struct RunResult {
   int first_rank = 0;           // y[i] and want[i] are rank first_rank + i (nccl: this process's rank)
   LinkEmulation link;           // cuda: what paced the inter-rank copies
   int64_t saved_tensors = 0;
+  std::string trace_path;           // --trace, with -rank<r> in a process of a --fabric nccl run
   int64_t trace_events = 0;
   std::vector<int> trace_lanes;     // cuda: n_comm of layer0 and layer1, then the grid
   int64_t saved_bytes = 0;
@@ -208,11 +210,11 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
              full.layout.ep, full.layout.tp, lc.t_compute_us, lc.t_comm_us, lc.t_weights_us,
              lc.lower_bound_us, lc.bound_by.c_str());
   if (!o.trace.empty() && r.backend == "cuda")
-    os << "trace: " << o.trace << " and its .svg (" << r.trace_events << " events; lanes: " << r.trace_lanes[2]
+    os << "trace: " << r.trace_path << " and its .svg (" << r.trace_events << " events; lanes: " << r.trace_lanes[2]
        << " thread blocks per kernel, " << r.trace_lanes[0] << " (layer0) and " << r.trace_lanes[1]
        << " (layer1) communicate)\n";
   else if (!o.trace.empty())
-    os << "trace: " << o.trace << " and its .svg (" << r.trace_events << " events; lanes: " << o.comm_workers
+    os << "trace: " << r.trace_path << " and its .svg (" << r.trace_events << " events; lanes: " << o.comm_workers
        << " comm + " << o.compute_workers << " compute workers per rank and layer)\n";
   if (!o.save.empty())
     os << "saved: " << o.save << " (" << r.saved_tensors << " tensors, "
@@ -270,7 +272,7 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
                       {"t_weights_us", lc.t_weights_us},
                       {"lower_bound_us", lc.lower_bound_us},
                       {"bound_by", lc.bound_by}};
-  if (!o.trace.empty()) j["trace"] = {{"path", o.trace}, {"events", r.trace_events}};
+  if (!o.trace.empty()) j["trace"] = {{"path", r.trace_path}, {"events", r.trace_events}};
   if (!o.save.empty()) {
     j["saved"] = {{"path", o.save}, {"tensors", r.saved_tensors}, {"bytes", r.saved_bytes}};
   } else {
@@ -393,8 +395,14 @@ int run_command(const RunOptions& o) {
     if (!known) throw UsageError("--gpu: unknown GPU \"" + o.gpu + "\" (known: " + names + ")");
     r.gpu = o.gpu;
   }
+  // With one process per rank every process writes its own rank's timeline, as `bench layer`
+  // does; one file for all of them would keep only the last writer's rank.
+  r.trace_path = o.trace;
+  if (!o.trace.empty() && o.fabric == "nccl")
+    if (const std::optional<ProcessEnv> env = read_process_env())
+      r.trace_path = io::trace_path_with_suffix(o.trace, io::trace_rank_suffix(env->rank));
   // Fail before the run, not after it: a missing directory is a typo, not a runtime failure.
-  check_output_path(o.trace, "--trace");
+  check_output_path(r.trace_path, "--trace");
   const std::string& save = o.save;
   if (!save.empty() && o.fabric == "nccl")
     throw UsageError("--save writes every rank's output; with --fabric nccl a process holds only its own rank's");
@@ -486,7 +494,7 @@ int run_command(const RunOptions& o) {
       r.trace_events = int64_t(g.trace.events.size());
       r.trace_lanes = g.trace.layer_comm_lanes;
       r.trace_lanes.push_back(g.trace.comm_lanes + g.trace.compute_lanes);
-      io::write_trace_files(g.trace, o.trace);
+      io::write_trace_files(g.trace, r.trace_path);
     }
   }
 #endif
@@ -501,7 +509,7 @@ int run_command(const RunOptions& o) {
       trace.title = "comet run: " + config_header(full, r.full.tokens_per_rank, r.full.routing, r.full.seed) +
                     " (CPU backend, scaled)";
       r.trace_events = int64_t(trace.events.size());
-      io::write_trace_files(trace, o.trace);
+      io::write_trace_files(trace, r.trace_path);
     }
   }
   t0 = std::chrono::steady_clock::now();

@@ -356,6 +356,17 @@ std::string trace_svg_path(const std::string& json_path) {
   return svg_path + ".svg";
 }
 
+std::string trace_path_with_suffix(const std::string& json_path, const std::string& suffix) {
+  if (suffix.empty()) return json_path;
+  std::string stem = json_path;
+  const std::string json = ".json";
+  if (stem.size() > json.size() && stem.compare(stem.size() - json.size(), json.size(), json) == 0)
+    stem.resize(stem.size() - json.size());
+  return stem + suffix + json;
+}
+
+std::string trace_rank_suffix(int rank) { return "-rank" + std::to_string(rank); }
+
 void write_trace_files(const Trace& trace, const std::string& json_path, const TimelineOptions& svg) {
   for (const auto& [path, text] :
        {std::pair{json_path, chrome_trace_json(trace)}, {trace_svg_path(json_path), timeline_svg(trace, svg)}}) {

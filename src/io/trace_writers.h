@@ -37,5 +37,12 @@ std::string timeline_svg(const Trace& trace, const TimelineOptions& options = {}
 void write_trace_files(const Trace& trace, const std::string& json_path, const TimelineOptions& svg = {});
 // The SVG path write_trace_files uses for json_path.
 std::string trace_svg_path(const std::string& json_path);
+// json_path with `suffix` before its ".json" ("t.json", "-rank1" -> "t-rank1.json"; a path
+// without ".json" gets suffix + ".json"; an empty suffix leaves it as it is): the names of the
+// traces of several rows (`comet bench layer`) or of one process per rank (`--fabric nccl`),
+// which would otherwise all write json_path.
+std::string trace_path_with_suffix(const std::string& json_path, const std::string& suffix);
+// The suffix of rank `rank`'s own trace in a run of one process per rank: "-rank<rank>".
+std::string trace_rank_suffix(int rank);
 
 }  // namespace comet::io

@@ -110,6 +110,18 @@ TEST(Trace, WriteTraceFilesWritesJsonAndSvg) {
   EXPECT_THROW(io::write_trace_files(t, "/nonexistent/dir/t.json"), Error);
 }
 
+// The per-row and per-process names of `bench layer` and `run --fabric nccl`: the suffix goes
+// before ".json", and each process of a multi-process run gets a file of its own.
+TEST(Trace, TracePathWithSuffixNamesEachRanksFile) {
+  EXPECT_EQ(io::trace_path_with_suffix("dir/t.json", io::trace_rank_suffix(3)), "dir/t-rank3.json");
+  EXPECT_EQ(io::trace_path_with_suffix("t", io::trace_rank_suffix(0)), "t-rank0.json");
+  EXPECT_EQ(io::trace_path_with_suffix("t.json", ""), "t.json");
+  EXPECT_EQ(io::trace_path_with_suffix(".json", "-rank1"), ".json-rank1.json");
+  EXPECT_NE(io::trace_path_with_suffix("t.json", io::trace_rank_suffix(0)),
+            io::trace_path_with_suffix("t.json", io::trace_rank_suffix(1)));
+  EXPECT_EQ(io::trace_svg_path(io::trace_path_with_suffix("t.json", "-rank1")), "t-rank1.svg");
+}
+
 // A trace that cannot be written completely (here a file size limit, as a full disk) is reported,
 // even when it is small enough to sit in the stream's buffer until the file is closed.
 TEST(Trace, WriteTraceFilesReportsAFailedWrite) {
