@@ -58,7 +58,9 @@ std::string gemm_rows_json(const std::vector<GemmBenchRow>& rows) {
                  {"comet_split_us", r.split_us}, {"split_used", r.split_used},
                  {"split_max_rel_diff", r.split_max_rel_diff},
                  {"verified", r.verified}});
-  return j.dump(2);
+  // Strings that are not UTF-8 (a device name) are replaced (U+FFFD), not refused after the
+  // benchmark ran.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace comet::bench

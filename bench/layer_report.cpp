@@ -164,7 +164,9 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
                       {"hidden_fraction", {r.timeline[0].fraction(), r.timeline[1].fraction()}}};
     j.push_back(row);
   }
-  return j.dump(2);
+  // A --trace path is bytes as the user typed them, not always UTF-8: replaced (U+FFFD), not
+  // refused after the whole benchmark ran.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace comet::bench

@@ -58,6 +58,15 @@ TEST(LayerReport, TracedRowsReportTheTimelinesHiddenCommunication) {
   EXPECT_FALSE(j[1].contains("trace"));
 }
 
+// A --trace path that is not UTF-8 is written with U+FFFD, not refused after the whole benchmark ran.
+TEST(LayerReport, JsonReplacesBytesThatAreNotUtf8) {
+  LayerBenchRow traced = row();
+  traced.trace_path = "t\xff-rank1.json";
+  std::string text;
+  ASSERT_NO_THROW(text = layer_rows_json({traced}));
+  EXPECT_EQ(nlohmann::json::parse(text)[0]["trace"]["path"], "t\xef\xbf\xbd-rank1.json");
+}
+
 // The two rows' text under the table's right-aligned column `header_field` (its last character
 // lines up with each value's): as many characters as the field has.
 std::pair<std::string, std::string> column_of_two_rows(const LayerBenchRow& a, const LayerBenchRow& b,

@@ -219,7 +219,8 @@ int plan_command(const PlanOptions& o) {
     std::vector<int64_t> arrivals;
     for (int p = 0; p < W; ++p) arrivals.push_back(combine_arrivals_expected(plan, R, p, s1.num_col_blocks));
     j["combine_arrivals_expected"] = arrivals;  // [peer]
-    std::cout << j.dump(2) << "\n";
+    // Names that are not UTF-8 are replaced (U+FFFD) rather than failing the report.
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return kExitOk;
   }
 

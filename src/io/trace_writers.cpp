@@ -276,7 +276,11 @@ std::string chrome_trace_json(const Trace& t) {
   std::ostringstream os;
   nlohmann::json other = {{"title", t.title}, {"world", t.world}, {"dropped_events", t.dropped_events}};
   if (!t.layer_comm_lanes.empty()) other["comm_lanes_per_layer"] = t.layer_comm_lanes;
-  os << "{\"displayTimeUnit\":\"ns\",\"otherData\":" << other.dump() << ",\"traceEvents\":[\n";
+  // The title and lane names may hold bytes that are not UTF-8 (a device name): replaced
+  // (U+FFFD), not refused after the traced run.
+  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+  os << "{\"displayTimeUnit\":\"ns\",\"otherData\":" << other.dump(-1, ' ', false, kReplace)
+     << ",\"traceEvents\":[\n";
   bool first = true;
   auto next = [&]() -> std::ostream& {
     if (!first) os << ",\n";
@@ -311,7 +315,7 @@ std::string chrome_trace_json(const Trace& t) {
   }
   for (const auto& [key, name] : threads) {
     next() << "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" << key.first << ",\"tid\":" << key.second
-           << ",\"args\":{\"name\":" << nlohmann::json(name).dump() << "}}";
+           << ",\"args\":{\"name\":" << nlohmann::json(name).dump(-1, ' ', false, kReplace) << "}}";
     next() << "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":" << key.first << ",\"tid\":" << key.second
            << ",\"args\":{\"sort_index\":" << key.second << "}}";
   }

@@ -31,7 +31,10 @@ std::string tuning_table_json(const TuningTable& table) {
                        {"dispatch_order", dispatch_order_name(e.layer0.order)},
                        {"layer1_combine", layer1_combine_name(e.layer1_combine)}});
   }
-  return nlohmann::json{{"format", kTuningFormat}, {"entries", entries}}.dump(2) + "\n";
+  // The GPU name is the driver's bytes, not always UTF-8: replaced (U+FFFD), not refused after
+  // the whole sweep ran.
+  const nlohmann::json j{{"format", kTuningFormat}, {"entries", entries}};
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 TuningTable parse_tuning_table(const std::string& text, const std::string& origin) {

@@ -110,6 +110,18 @@ TEST(Trace, WriteTraceFilesWritesJsonAndSvg) {
   EXPECT_THROW(io::write_trace_files(t, "/nonexistent/dir/t.json"), Error);
 }
 
+// A title that is not UTF-8 (a --trace path or device name in it) is written with U+FFFD, not
+// refused after the traced run.
+TEST(Trace, ChromeTraceJsonReplacesBytesThatAreNotUtf8) {
+  Trace t;
+  t.title = "run \xff";
+  t.world = t.comm_lanes = t.compute_lanes = 1;
+  t.events = {make_trace_event(0, 0, 0, TraceKind::kCommChunk, 0, 0, 10)};
+  std::string text;
+  ASSERT_NO_THROW(text = io::chrome_trace_json(t));
+  EXPECT_EQ(nlohmann::json::parse(text)["otherData"]["title"], "run \xef\xbf\xbd");
+}
+
 // The per-row and per-process names of `bench layer` and `run --fabric nccl`: the suffix goes
 // before ".json", and each process of a multi-process run gets a file of its own.
 TEST(Trace, TracePathWithSuffixNamesEachRanksFile) {

@@ -151,6 +151,16 @@ TEST(TuningJson, RoundTripAndClearErrors) {
   EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/nonexistent/t.json"); }, {"cannot be read"}));
 }
 
+// A GPU name that is not UTF-8 (the driver's bytes) is written with U+FFFD, not refused after the
+// whole sweep ran.
+TEST(TuningJson, NonUtf8GpuNameIsReplacedNotRefused) {
+  TuningTable t;
+  t.add({tuning_key(mixtral_ep8(), "GPU \xff", 132, 4096), 20, 21, 100.0});
+  std::string text;
+  ASSERT_NO_THROW(text = io::tuning_table_json(t));
+  EXPECT_EQ(io::parse_tuning_table(text).entries().at(0).key.gpu, "GPU \xef\xbf\xbd");
+}
+
 // Types and ranges are checked before a value is used, each refusal naming the file, the entry
 // and the key: a "format" that is not a string, integers that an int would wrap (4294967320 was
 // read as 24, 2^64 - 1 as -1), sizes that are not positive, and layouts that no run can have.
