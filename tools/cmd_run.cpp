@@ -160,7 +160,7 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
                r.backend == "cuda" ? "scaled for the fp64 oracle" : "cpu backend", full.model.name.c_str(),
                r.scale.shape_factor, full.model.hidden, c.model.hidden, full.model.ffn, c.model.ffn);
   } else {
-    os << strf("cpu backend: %s at full size (H %d, F %d)", full.model.name.c_str(),
+    os << strf("%s backend: %s at full size (H %d, F %d)", r.backend.c_str(), full.model.name.c_str(),
                c.model.hidden, c.model.ffn);
   }
   if (r.scale.token_factor > 1) {
