@@ -45,8 +45,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       "layer", "the MoE layer: fused, unfused, compute-only, comm-only, sequential and chunked baselines");
   l->add_option("--models", lo.models, "presets, comma separated (default: all)")->delimiter(',');
   l->add_option("--tokens", lo.tokens, "tokens per rank, comma separated")->delimiter(',');
-  l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::Range(1, kMaxRanks));
-  l->add_option("--tp", lo.tp, "tensor-parallel ranks")->check(CLI::Range(1, kMaxRanks));
+  lo.ep_opt = l->add_option("--ep", lo.ep, "expert-parallel ranks")->check(CLI::Range(1, kMaxRanks));
+  lo.tp_opt = l->add_option("--tp", lo.tp, "tensor-parallel ranks")->check(CLI::Range(1, kMaxRanks));
   l->add_option("--layouts", lo.layouts, "(EP, TP) layouts swept instead of --ep/--tp, comma separated EPxTP (8x1,4x2,...)")
       ->delimiter(',');
   l->add_option("--routing", lo.routings,
@@ -180,6 +180,13 @@ std::vector<RoutingSpec> parse_routings(const std::vector<std::string>& texts) {
 }  // namespace
 
 int bench_layer_command(const BenchLayerOptions& o) {
+  // --layouts replaces --ep and --tp: given together, one of them would be ignored.
+  if (!o.layouts.empty())
+    for (const CLI::Option* opt : {o.ep_opt, o.tp_opt})
+      if (opt && opt->count())
+        throw UsageError(opt->get_name() + " " + std::to_string(opt == o.ep_opt ? o.ep : o.tp) +
+                         " and --layouts both set the layout (--layouts sweeps EPxTP instead of --ep/--tp); give one "
+                         "or the other");
   check_output_path(o.trace, "--trace");
   const std::vector<std::pair<int, int>> layouts = parse_layouts(o.layouts);
   const std::vector<RoutingSpec> routings = parse_routings(o.routings);

@@ -71,6 +71,8 @@ struct BenchLayerOptions {
   std::vector<std::string> models;
   std::vector<int> tokens{1024, 4096, 8192};
   int ep = 8, tp = 1;
+  CLI::Option* ep_opt = nullptr;      // --ep and --tp: refused beside --layouts rather than ignored
+  CLI::Option* tp_opt = nullptr;
   std::vector<std::string> layouts;   // "EPxTP" swept instead of --ep/--tp
   std::vector<std::string> routings;  // routing generators swept (default: uniform)
   std::vector<int> n_comm0{0}, n_comm1{0}, layer0_group_m{0}, layer0_stages{0};  // swept lists
