@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -94,8 +96,20 @@ CLI::Validator number_range(double min, double max) {
 CLI::Validator non_negative_integer() {
   return CLI::Validator(
       [](std::string& input) {
+        // Checked here, strictly: CLI11 reads "" as 0, clamps a value past 2^64 - 1 to it and
+        // reads "-1" as 2^64 - 1.
+        if (input.empty()) return std::string("an empty value is not a non-negative integer");
         const size_t first = input.find_first_not_of(" \t");
         if (first != std::string::npos && input[first] == '-') return "Value " + input + " is negative";
+        const size_t digits = input[0] == '+' ? 1 : 0;
+        if (digits >= input.size() || std::isdigit(static_cast<unsigned char>(input[digits])) == 0)
+          return "Value " + input + " is not a non-negative integer";
+        char* end = nullptr;
+        errno = 0;
+        std::strtoull(input.c_str(), &end, 10);
+        if (*end != '\0') return "Value " + input + " is not a non-negative integer";
+        if (errno == ERANGE)
+          return "Value " + input + " is more than " + std::to_string(std::numeric_limits<uint64_t>::max());
         return std::string();
       },
       "UINT");
@@ -104,6 +118,8 @@ CLI::Validator non_negative_integer() {
 void read_integers_as_decimal(CLI::App& app) {
   const CLI::Validator decimal(
       [](std::string& input) {
+        // CLI11 reads an empty value as 0 ("--ep ''" was refused as "at least 1, not 0").
+        if (input.empty()) return std::string("an empty value is not a decimal integer");
         // Leading zeros after an optional sign are dropped ("-007" -> "-7", "000" -> "0").
         const size_t digits = (!input.empty() && (input[0] == '-' || input[0] == '+')) ? 1 : 0;
         size_t zeros = digits;

@@ -64,11 +64,13 @@ void check_output_path(const std::string& path, const std::string& option);
 // in 309 digits; this prints them as %g ("--warmup-ms: Value -1 not in range 0 to 60000").
 // Integer options take CLI::Range(int, int), which prints integers as they are.
 CLI::Validator number_range(double min, double max);
-// For unsigned options (--seed): CLI11 would read "-1" as 2^64 - 1; refused instead.
+// For unsigned options (--seed): CLI11 would read "-1" as 2^64 - 1, clamp a larger value to it
+// and read "" as 0; each is refused instead (a decimal integer within [0, 2^64 - 1]).
 CLI::Validator non_negative_integer();
 // Makes every integer option of `app` and its subcommands read its value in decimal. CLI11
 // parses with base 0, so "--tp 010" was 8 and "--ep 0x8" was 8; a leading zero now reads as
-// decimal ("010" is 10, as --tokens reads it) and a 0x, 0b or 0o prefix is refused by name.
+// decimal ("010" is 10, as --tokens reads it) and a 0x, 0b or 0o prefix is refused by name, as
+// is an empty value (CLI11 reads it as 0).
 void read_integers_as_decimal(CLI::App& app);
 
 // --fabric loopback|local|nccl for the GPU commands that measure (bench layer, tune); with nccl,
