@@ -194,6 +194,16 @@ std::vector<std::optional<DispatchOrder>> dispatch_orders_list(const std::vector
   return out;
 }
 
+void check_comm_blocks(const std::vector<int>& n_comm0, const std::vector<int>& n_comm1, int num_sms,
+                       const std::string& gpu) {
+  for (const auto& [option, values] : {std::pair{"--n-comm0", &n_comm0}, {"--n-comm1", &n_comm1}})
+    for (int n : *values)
+      if (n >= num_sms)
+        throw UsageError(std::string(option) + " " + std::to_string(n) + ": the fused kernels need an SM for the GEMM, so " +
+                         "n_comm must be below the " + std::to_string(num_sms) + " SMs of this " + gpu + " (at most " +
+                         std::to_string(num_sms - 1) + ")");
+}
+
 void check_output_path(const std::string& path, const std::string& option) {
   if (path.empty()) return;
   // A directory cannot be opened as a file: refused now rather than when the run writes.

@@ -38,6 +38,13 @@ inline constexpr int kMaxCommBlocks = 1024;
 // Worker threads of a `comet run` on the cpu backend, W x (comm + compute): 64 ranks x 2 x 32.
 inline constexpr int64_t kMaxWorkerThreads = 4096;
 
+// --n-comm0/--n-comm1 values (bench layer, tune) against the GPU at hand: the fused kernels
+// need an SM for the GEMM, so each value must be below `num_sms` (MoeLayer refuses the others
+// when the sweep reaches them, after the rows before them ran). UsageError naming the option
+// and the value; `gpu` names the GPU in it.
+void check_comm_blocks(const std::vector<int>& n_comm0, const std::vector<int>& n_comm1, int num_sms,
+                       const std::string& gpu);
+
 // Exit codes of every subcommand (documented in docs/cli.md).
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitVerifyFailed = 1;  // ran, but the output does not match the oracle

@@ -241,6 +241,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.trace_path = o.trace;
   lo.trace_ranks = o.trace_ranks;
   const cuda::DeviceInfo info = cuda::query_device_info();
+  check_comm_blocks(o.n_comm0, o.n_comm1, info.num_sms, info.name);
   const std::string ranks = o.fabric == "loopback" ? "virtual ranks on one GPU (loopback fabric)"
                             : o.fabric == "local"  ? "ranks spread evenly over the visible GPUs, one process (local fabric)"
                                                    : "ranks, one GPU and process each (nccl fabric; rank 0 timed)";

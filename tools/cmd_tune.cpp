@@ -50,6 +50,7 @@ int tune_command(const TuneOptions& o) {
   check_bench_inputs(o.models, o.tokens, "comet tune", {{o.ep, o.tp}});
 #ifdef COMET_HAVE_CUDA
   const cuda::DeviceInfo info = cuda::query_device_info();
+  check_comm_blocks(o.n_comm0, o.n_comm1, info.num_sms, info.name);
   TuningTable table;
   if (std::filesystem::exists(o.out)) table = io::load_tuning_table(o.out);
 

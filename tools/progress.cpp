@@ -26,6 +26,11 @@ void ProgressBar::operator()(int done, int total, const std::string& what) {
   const size_t pad = last_width_ > line.size() ? last_width_ - line.size() : 0;
   os_ << "\r" << line << std::string(pad, ' ') << (done >= total ? "\n" : "") << std::flush;
   last_width_ = line.size();
+  line_open_ = done < total;
+}
+
+ProgressBar::~ProgressBar() {
+  if (line_open_) os_ << "\n" << std::flush;
 }
 
 }  // namespace comet::tools

@@ -17,6 +17,12 @@ class ProgressBar {
  public:
   // `enabled` false prints nothing (e.g. a rank other than 0).
   ProgressBar(std::ostream& os, bool enabled) : os_(os), enabled_(enabled) {}
+  // Ends a line left open by a sweep that stopped before done == total: the bar is destroyed
+  // while the error unwinds, so main()'s `comet: error:` line starts on a line of its own
+  // instead of after the bar.
+  ~ProgressBar();
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
   // The run_layer_bench progress callback: redraws the bar; a newline once done == total.
   void operator()(int done, int total, const std::string& what);
 
@@ -25,6 +31,7 @@ class ProgressBar {
   bool enabled_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   size_t last_width_ = 0;
+  bool line_open_ = false;  // a bar is drawn and no newline followed it
 };
 
 }  // namespace comet::tools

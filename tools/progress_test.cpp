@@ -41,5 +41,33 @@ TEST(Progress, BarRedrawsInPlaceAndEndsWithANewline) {
   EXPECT_TRUE(quiet.str().empty());
 }
 
+// A sweep that fails midway leaves the bar's line open; the error printed after it must start
+// on a line of its own, not after the bar.
+TEST(Progress, BarEndsAnOpenLineWhenDestroyed) {
+  std::ostringstream os;
+  {
+    ProgressBar bar(os, true);
+    bar(1, 4, "mixtral-8x7b T=4096");
+  }
+  const std::string out = os.str();
+  EXPECT_EQ(out.back(), '\n');
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1);
+
+  // A finished bar already ended its line, and a quiet one printed nothing.
+  std::ostringstream done;
+  {
+    ProgressBar bar(done, true);
+    bar(2, 2, "done");
+  }
+  const std::string finished = done.str();
+  EXPECT_EQ(std::count(finished.begin(), finished.end(), '\n'), 1);
+  std::ostringstream quiet;
+  {
+    ProgressBar bar(quiet, false);
+    bar(1, 2, "x");
+  }
+  EXPECT_TRUE(quiet.str().empty());
+}
+
 }  // namespace
 }  // namespace comet::tools

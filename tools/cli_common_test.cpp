@@ -1,0 +1,32 @@
+// The checks of tools/cli_common.h that need a GPU's numbers to run through the CLI: n_comm
+// against the SM count, refused by option and value before a sweep starts.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+
+namespace comet::tools {
+namespace {
+
+std::string refusal(const std::vector<int>& n_comm0, const std::vector<int>& n_comm1, int num_sms) {
+  try {
+    check_comm_blocks(n_comm0, n_comm1, num_sms, "NVIDIA H200");
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CliCommon, CommBlocksMustLeaveTheGemmAnSm) {
+  EXPECT_EQ(refusal({0, 8, 131}, {0, 2, 131}, 132), "");
+  EXPECT_EQ(refusal({8, 132}, {2}, 132),
+            "--n-comm0 132: the fused kernels need an SM for the GEMM, so n_comm must be below the 132 SMs of "
+            "this NVIDIA H200 (at most 131)");
+  EXPECT_NE(refusal({8}, {2, 200}, 132).find("--n-comm1 200: "), std::string::npos);
+  EXPECT_NE(refusal({8}, {2}, 8).find("--n-comm0 8: "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace comet::tools
