@@ -21,6 +21,7 @@
 
 #include "comet/error.h"
 #include "core/process_env.h"
+#include "io/trace_writers.h"
 
 namespace comet::tools {
 namespace {
@@ -212,6 +213,30 @@ void check_output_path(const std::string& path, const std::string& option) {
   const auto dir = std::filesystem::path(path).parent_path();
   if (!dir.empty() && !std::filesystem::is_directory(dir))
     throw UsageError(option + ": directory \"" + dir.string() + "\" does not exist");
+}
+
+void check_trace_path(const std::string& path, const std::string& written) {
+  if (path.empty()) return;
+  const std::string svg = ".svg";
+  if (path.size() >= svg.size() && path.compare(path.size() - svg.size(), svg.size(), svg) == 0)
+    throw UsageError("--trace: \"" + path + "\" ends in .svg; give the JSON path, FILE.json (the picture is written " +
+                     "beside it as FILE.svg)");
+  const std::string& json = written.empty() ? path : written;
+  check_output_path(json, "--trace");
+  check_output_path(io::trace_svg_path(json), "--trace");
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  // Absolute first: weakly_canonical leaves a relative path whose first part does not exist
+  // relative ("t.json"), and resolves "./t.json" to an absolute one.
+  const auto resolve = [](const std::string& path) {
+    std::error_code error;
+    const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+    if (error) return std::filesystem::path(path).lexically_normal();
+    const std::filesystem::path canonical = std::filesystem::weakly_canonical(absolute, error);
+    return error ? absolute.lexically_normal() : canonical;
+  };
+  return resolve(a) == resolve(b);
 }
 
 std::string one_line(const std::string& text) {

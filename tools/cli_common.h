@@ -65,6 +65,14 @@ std::string one_line(const std::string& text);
 // An output file option (`option` FILE): its directory must exist and it must not be a
 // directory, so that a typo fails before the run, not after it. An empty path is no file.
 void check_output_path(const std::string& path, const std::string& option);
+// --trace FILE.json (run, bench layer): FILE.json and the FILE.svg written beside it
+// (io::trace_svg_path) both pass check_output_path, and a path ending in .svg is refused (the
+// JSON would be written there and the picture to FILE.svg.svg). `written` is the JSON path the
+// command writes when it differs from `path` (a -rank<r> suffix); empty: `path`.
+void check_trace_path(const std::string& path, const std::string& written = "");
+// Whether two paths name the same file (after resolving ".", ".." and symbolic links of the
+// parts that exist).
+bool same_file(const std::string& a, const std::string& b);
 
 // A check that a number option is within [min, max]. CLI::Range(double, double) prints its
 // bounds with std::to_string ("0.000000"), and CLI::NonNegativeNumber's upper bound is DBL_MAX

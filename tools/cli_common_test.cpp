@@ -1,5 +1,6 @@
-// The checks of tools/cli_common.h that need a GPU's numbers to run through the CLI: n_comm
-// against the SM count, refused by option and value before a sweep starts.
+// Checks of tools/cli_common.h on their own: n_comm against the SM count (which needs a GPU to
+// run through the CLI), refused by option and value before a sweep starts; the paths of
+// --trace and --save.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -26,6 +27,21 @@ TEST(CliCommon, CommBlocksMustLeaveTheGemmAnSm) {
             "this NVIDIA H200 (at most 131)");
   EXPECT_NE(refusal({8}, {2, 200}, 132).find("--n-comm1 200: "), std::string::npos);
   EXPECT_NE(refusal({8}, {2}, 8).find("--n-comm0 8: "), std::string::npos);
+}
+
+// --save and --trace naming one file are refused, however the path is spelled, whether or not
+// the file exists yet.
+TEST(CliCommon, SameFileResolvesSpellingsOfOnePath) {
+  EXPECT_TRUE(same_file("comet_no_such_file.json", "./comet_no_such_file.json"));
+  EXPECT_TRUE(same_file("/tmp/comet_no_such_dir/../t.json", "/tmp/t.json"));
+  EXPECT_FALSE(same_file("t.json", "t.svg"));
+}
+
+TEST(CliCommon, TracePathRefusesAnSvgNameAndChecksTheSvgBesideIt) {
+  EXPECT_THROW(check_trace_path("t.svg"), UsageError);
+  EXPECT_THROW(check_trace_path("/nonexistent/dir/t.json"), UsageError);
+  EXPECT_NO_THROW(check_trace_path(""));
+  EXPECT_NO_THROW(check_trace_path("t.json"));
 }
 
 }  // namespace

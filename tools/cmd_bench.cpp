@@ -187,7 +187,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
         throw UsageError(opt->get_name() + " " + std::to_string(opt == o.ep_opt ? o.ep : o.tp) +
                          " and --layouts both set the layout (--layouts sweeps EPxTP instead of --ep/--tp); give one "
                          "or the other");
-  check_output_path(o.trace, "--trace");
+  check_trace_path(o.trace);
   const std::vector<std::pair<int, int>> layouts = parse_layouts(o.layouts);
   const std::vector<RoutingSpec> routings = parse_routings(o.routings);
   int64_t min_world = layouts.empty() ? int64_t(o.ep) * o.tp : std::numeric_limits<int64_t>::max();

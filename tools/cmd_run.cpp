@@ -402,11 +402,17 @@ int run_command(const RunOptions& o) {
     if (const std::optional<ProcessEnv> env = read_process_env())
       r.trace_path = io::trace_path_with_suffix(o.trace, io::trace_rank_suffix(env->rank));
   // Fail before the run, not after it: a missing directory is a typo, not a runtime failure.
-  check_output_path(r.trace_path, "--trace");
+  check_trace_path(o.trace, r.trace_path);
   const std::string& save = o.save;
   if (!save.empty() && o.fabric == "nccl")
     throw UsageError("--save writes every rank's output; with --fabric nccl a process holds only its own rank's");
   check_output_path(save, "--save");
+  // One file written twice would keep only the last writer's content.
+  if (!save.empty() && !o.trace.empty())
+    for (const std::string& written : {r.trace_path, io::trace_svg_path(r.trace_path)})
+      if (same_file(save, written))
+        throw UsageError("--save " + save + " is also the file --trace " + o.trace + " writes (" + written +
+                         "); give them different paths");
 
   // Scale for the CPU backend: same E, topk, layout and routing; smaller H, F and tokens.
   const LayerConfig& full = r.full.config;
