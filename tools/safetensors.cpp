@@ -35,7 +35,14 @@ constexpr DTypeInfo kDTypes[] = {
 // file is not safetensors at all, so refuse before allocating.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
+// A 0 anywhere in a shape makes it empty, whatever the other dimensions are; checked first so
+// that a product of the others, which may not fit in int64, is never formed.
+bool has_zero(const std::vector<int64_t>& shape) {
+  return std::find(shape.begin(), shape.end(), 0) != shape.end();
+}
+
 int64_t product(const std::vector<int64_t>& shape) {
+  if (has_zero(shape)) return 0;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
@@ -43,11 +50,13 @@ int64_t product(const std::vector<int64_t>& shape) {
 
 // The bytes of a tensor of `shape`, or -1 when they do not fit in int64: a product that wraps
 // (2^62 F32 elements are 2^64 bytes, 0 mod 2^64) would match an empty byte range. Dimensions
-// are non-negative (checked before).
+// are non-negative (checked before). A shape with a 0 is 0 bytes in any dimension order
+// ([0, 2^62] and [2^62, 0] alike).
 int64_t checked_bytes(const std::vector<int64_t>& shape, int dtype_bytes) {
+  if (has_zero(shape)) return 0;
   int64_t n = dtype_bytes;
   for (int64_t d : shape) {
-    if (d != 0 && n > INT64_MAX / d) return -1;
+    if (n > INT64_MAX / d) return -1;
     n *= d;
   }
   return n;
@@ -209,12 +218,32 @@ SafetensorsFile read_safetensors(const std::string& path) {
     throw Error(where + "header length " + std::to_string(n) + " runs past the end of the file");
   const std::string head(reinterpret_cast<const char*>(raw.data() + 8), n);
   if (head.empty() || head[0] != '{') throw Error(where + "header does not start with '{'");
+  // nlohmann keeps the last of repeated keys: a second tensor of one name would silently drop
+  // the first (and its bytes would read as a gap). Repeated keys are refused, at any depth.
+  std::vector<std::set<std::string>> keys;  // of every object being parsed, outermost first
+  std::string repeated;
+  bool repeated_tensor = false;
+  const auto find_repeats = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      keys.emplace_back();
+    } else if (event == Event::object_end) {
+      keys.pop_back();
+    } else if (event == Event::key && repeated.empty() && !keys.back().insert(parsed.get<std::string>()).second) {
+      repeated = parsed.get<std::string>();
+      repeated_tensor = keys.size() == 1;
+    }
+    return true;
+  };
   nlohmann::json h;
   try {
-    h = nlohmann::json::parse(head);
+    h = nlohmann::json::parse(head, find_repeats);
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + "header is not valid JSON: " + e.what());
   }
+  if (!repeated.empty())
+    throw Error(where + (repeated_tensor ? "tensor \"" + repeated + "\" appears twice in the header"
+                                         : "key \"" + repeated + "\" appears twice in one object of the header"));
   if (!h.is_object()) throw Error(where + "header is not a JSON object");
 
   const uint8_t* data = raw.data() + 8 + n;

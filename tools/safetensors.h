@@ -77,9 +77,10 @@ struct SafetensorsFile {
   const StTensor& at(const std::string& name) const;    // throws comet::Error when absent
 };
 
-// Reads and validates a whole file: header length within the file, JSON well-formed, known
-// dtypes, data_offsets consistent with shape * dtype size, tensors contiguous and covering
-// the data. Throws comet::Error saying what is wrong.
+// Reads and validates a whole file: header length within the file, JSON well-formed without
+// repeated keys (a tensor name appears once), known dtypes, data_offsets consistent with
+// shape * dtype size (0 bytes for a 0 in any dimension), tensors contiguous and covering the
+// data. Throws comet::Error saying what is wrong.
 SafetensorsFile read_safetensors(const std::string& path);
 
 }  // namespace comet::tools

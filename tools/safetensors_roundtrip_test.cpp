@@ -211,6 +211,38 @@ TEST(Safetensors, ReaderRejectsOverflowingAndNonIntegerShapes) {
   EXPECT_NE(too_big.find("shape holds 18446744073709551615"), std::string::npos) << too_big;
   const std::string offset = message(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8.0]}})", 8);
   EXPECT_NE(offset.find("data_offsets holds 8.0"), std::string::npos) << offset;
+  // A 0 anywhere is 0 bytes, in either order: the overflow check once saw 2^62 before the 0.
+  EXPECT_EQ(message(R"({"a":{"dtype":"F32","shape":[4611686018427387904,0],"data_offsets":[0,0]}})", 0), "accepted");
+  EXPECT_EQ(message(R"({"a":{"dtype":"F32","shape":[0,4611686018427387904],"data_offsets":[0,0]}})", 0), "accepted");
+  EXPECT_EQ(message(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", 0),
+            "accepted");
+  std::filesystem::remove(path);
+}
+
+// A repeated tensor name would keep only the last entry of that name (nlohmann's last-wins),
+// dropping the first without a word; it is refused naming the name, as is any repeated key.
+TEST(Safetensors, ReaderRejectsRepeatedNames) {
+  const std::string path = temp_path("repeated.safetensors");
+  auto message = [&](const std::string& header, size_t data) -> std::string {
+    write_bytes(path, make_file(header, data));
+    try {
+      read_safetensors(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const std::string twice = message(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                    R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                    8);
+  EXPECT_NE(twice.find("tensor \"a\" appears twice in the header"), std::string::npos) << twice;
+  const std::string key = message(R"({"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+  EXPECT_NE(key.find("key \"dtype\" appears twice"), std::string::npos) << key;
+  const std::string meta = message(R"({"__metadata__":{"k":"1","k":"2"}})", 0);
+  EXPECT_NE(meta.find("key \"k\" appears twice"), std::string::npos) << meta;
+  // The same name in two different objects is no repeat.
+  EXPECT_EQ(message(R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4),
+            "accepted");
   std::filesystem::remove(path);
 }
 
