@@ -38,12 +38,39 @@ std::string tuning_table_json(const TuningTable& table) {
 }
 
 TuningTable parse_tuning_table(const std::string& text, const std::string& origin) {
+  // nlohmann keeps the last of repeated keys, so `"n_comm0": 8, ..., "n_comm0": 16` would drop
+  // the 8 without a word: the first repeated key is found while parsing, with its entry.
+  std::vector<std::set<std::string>> keys;  // of every object being parsed, outermost first
+  std::string top_key;                      // the last key of the outermost object
+  int entry = -1;                           // index of the entry being parsed
+  std::string repeated;
+  int repeated_entry = -1;
+  const auto find_repeats = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      if (keys.size() == 1 && top_key == "entries") ++entry;
+      keys.emplace_back();
+    } else if (event == Event::object_end) {
+      keys.pop_back();
+    } else if (event == Event::key) {
+      const std::string key = parsed.get<std::string>();
+      if (keys.size() == 1) top_key = key;
+      if (repeated.empty() && !keys.back().insert(key).second) {
+        repeated = key;
+        repeated_entry = keys.size() == 1 ? -1 : entry;
+      }
+    }
+    return true;
+  };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, find_repeats);
   } catch (const nlohmann::json::exception& e) {
     throw Error("tuning table " + origin + ": not JSON (" + e.what() + ")");
   }
+  COMET_CHECK(repeated.empty(), "tuning table " << origin
+                                                << (repeated_entry >= 0 ? " entry " + std::to_string(repeated_entry) : "")
+                                                << ": key \"" << repeated << "\" appears twice");
   // Types first: j.value("format", "") throws nlohmann's own error, without the file name, when
   // "format" is there but not a string.
   COMET_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
@@ -115,6 +142,13 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
     const auto combine1 = parse_layer1_combine(name("layer1_combine", "blocks", "\"blocks\", \"gemm\""));
     COMET_CHECK(combine1, where << ": \"layer1_combine\" must be \"blocks\" or \"gemm\"");
     entry.layer1_combine = *combine1;
+    // TuningTable::add replaces an entry of the same workload: a second one would silently win.
+    for (size_t i = 0; i < table.entries().size(); ++i) {
+      const TuningKey& old = table.entries()[i].key;
+      COMET_CHECK(!(old.same_workload_class(k) && old.tokens_per_rank == k.tokens_per_rank),
+                  where << ": the same workload as entry " << i << " (" << k.describe()
+                        << "); a table has one entry per workload");
+    }
     try {
       table.add(entry);
     } catch (const Error& err) {

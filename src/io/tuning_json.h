@@ -1,6 +1,8 @@
 // io/tuning_json.h: tuning tables on disk (tuning/*.json), written by `comet tune`.
 //
-// Format (one object; unknown keys are rejected so a typo cannot silently drop a setting):
+// Format (one object; unknown keys, a key repeated in one object and two entries of one
+// workload, the same GPU, shape, layout and tokens per rank, are rejected so a typo cannot
+// silently drop a setting):
 //   {"format": "comet-tuning-1",
 //    "entries": [{"gpu": "NVIDIA H200", "num_sms": 132, "hidden": 4096, "ffn": 14336,
 //                 "experts": 8, "topk": 2, "world": 8, "ep": 8, "tp": 1, "gpus": 1,
@@ -27,7 +29,8 @@ inline constexpr const char* kTuningFormat = "comet-tuning-1";
 std::string tuning_table_json(const TuningTable& table);
 // Throws comet::Error naming the file (or "<text>"), the entry and the bad field: a wrong
 // type, an integer outside [1, INT_MAX] (H and F: [1, kMaxModelDim]), a layout no run has
-// (world != ep x tp, topk > experts, E % EP, F % TP), a time that is negative or not finite.
+// (world != ep x tp, topk > experts, E % EP, F % TP), a time that is negative or not finite, a
+// key that appears twice in one object, an entry of the same workload as an earlier one.
 TuningTable parse_tuning_table(const std::string& text, const std::string& origin = "<text>");
 TuningTable load_tuning_table(const std::string& path);
 // Writes `path`.tmp and renames it over `path`: a failed write leaves the old table whole.

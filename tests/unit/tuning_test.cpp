@@ -151,6 +151,39 @@ TEST(TuningJson, RoundTripAndClearErrors) {
   EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/nonexistent/t.json"); }, {"cannot be read"}));
 }
 
+// nlohmann keeps the last of repeated keys, and TuningTable::add the last of two entries of one
+// workload: each would drop a setting without a word, so each is refused by name.
+TEST(TuningJson, RefusesRepeatedKeysAndRepeatedWorkloads) {
+  const std::string one = io::tuning_table_json(table_with({{4096, 20, 21}}));
+  EXPECT_TRUE(edit_is_refused(one, "\"n_comm0\": 20", "\"n_comm0\": 8, \"n_comm0\": 20",
+                              {"key \"n_comm0\" appears twice"}));
+  const std::string two = io::tuning_table_json(table_with({{1024, 10, 11}, {4096, 20, 21}}));
+  EXPECT_TRUE(throws_with<Error>(
+      [&] {
+        std::string text = two;
+        const std::string from = "\"n_comm1\": 21";
+        text.replace(text.find(from), from.size(), from + ", \"n_comm1\": 2");
+        io::parse_tuning_table(text, "t.json");
+      },
+      {"t.json entry 1", "key \"n_comm1\" appears twice"}));
+  EXPECT_TRUE(throws_with<Error>(
+      [&] {
+        std::string text = two;
+        const std::string from = "\"format\"";
+        text.replace(text.find(from), from.size(), "\"format\": \"x\", " + from);
+        io::parse_tuning_table(text, "t.json");
+      },
+      {"t.json: key \"format\" appears twice"}));
+  // Two entries of one workload: the second names the first.
+  std::string same = two;
+  const std::string tokens = "\"tokens_per_rank\": 1024";
+  same.replace(same.find(tokens), tokens.size(), "\"tokens_per_rank\": 4096");
+  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(same, "t.json"); },
+                                 {"t.json entry 1", "the same workload as entry 0", "4096 tokens/rank"}));
+  // The same key in different entries is no repeat.
+  EXPECT_EQ(io::parse_tuning_table(two, "t.json").entries().size(), 2u);
+}
+
 // A GPU name that is not UTF-8 (the driver's bytes) is written with U+FFFD, not refused after the
 // whole sweep ran.
 TEST(TuningJson, NonUtf8GpuNameIsReplacedNotRefused) {
