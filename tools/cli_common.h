@@ -26,7 +26,7 @@ namespace comet::tools {
 
 // The largest workloads the CLI accepts (UsageError beyond them).
 inline constexpr int kMaxTokensPerRank = 65536;
-inline constexpr int kMaxRanks = 64;
+inline constexpr int kMaxRanks = kMaxWorldSize;  // LayerConfig::validate()'s bound
 // Routing slots of a workload, W x tokens per rank x topk: the full-size plan holds all of them,
 // and the two caps above still allow 64 x 65536 x topk (topk 64: 2^28 slots, over 10 GB). At
 // this cap a plan takes about 2 GB; the documented workloads have at most 2^18 slots.

@@ -81,6 +81,12 @@ struct TileConfig {
 
 // The largest hidden size H and FFN size F that LayerConfig::validate() accepts.
 inline constexpr int kMaxModelDim = 1 << 20;
+// The most experts E that validate() accepts: far above real layers (deepseek-v3: 256), and
+// the GPU's device plan keeps local expert ids in 16 bits, so it refuses more anyway.
+inline constexpr int kMaxExperts = 1 << 16;
+// The most ranks W that validate() accepts: the launcher, the process environment, the GPU
+// kernels (recv_psum staged in shared memory) and the CLI all stop at 64 ranks too.
+inline constexpr int kMaxWorldSize = 64;
 
 struct LayerConfig {
   ModelShape model;
@@ -103,7 +109,8 @@ struct LayerConfig {
   int64_t max_m_tiles_per_rank() const;
 
   // Why this configuration cannot run, or ok. Checks W = EP*TP, E % EP, F % TP, topk range,
-  // positive sizes, H and F at most kMaxModelDim, and tile shapes.
+  // positive sizes, H and F at most kMaxModelDim, E at most kMaxExperts, W at most kMaxWorldSize,
+  // and tile shapes.
   Status validate() const;
   // validate(), throwing comet::Error with the reason.
   void check() const;

@@ -90,6 +90,9 @@ Status LayerConfig::validate() const {
   if (m.hidden > kMaxModelDim || m.ffn > kMaxModelDim)
     return fail("model '" + m.name + "' needs hidden and ffn of at most " + std::to_string(kMaxModelDim) +
                 " (got H=" + std::to_string(m.hidden) + ", F=" + std::to_string(m.ffn) + ")");
+  if (m.num_experts > kMaxExperts)
+    return fail("model '" + m.name + "' needs num_experts of at most " + std::to_string(kMaxExperts) +
+                " (got E=" + std::to_string(m.num_experts) + ")");
   if (m.padding_experts < 0 || m.padding_experts >= m.num_experts)
     return fail("padding experts must be in [0, E=" + std::to_string(m.num_experts) + "), got " +
                 std::to_string(m.padding_experts));
@@ -99,9 +102,14 @@ Status LayerConfig::validate() const {
   if (l.ep < 1 || l.tp < 1 || l.world < 1)
     return fail("world, ep and tp must be >= 1 (got W=" + std::to_string(l.world) + ", EP=" +
                 std::to_string(l.ep) + ", TP=" + std::to_string(l.tp) + ")");
-  if (l.world != l.ep * l.tp)
+  // In int64: EP*TP in int wraps (EP = 1431655766, TP = 3 gives 2), and a plan sized for the
+  // wrapped world is indexed with the real ranks.
+  if (int64_t(l.world) != int64_t(l.ep) * l.tp)
     return fail("world size " + std::to_string(l.world) + " != EP*TP = " + std::to_string(l.ep) +
                 "*" + std::to_string(l.tp));
+  if (l.world > kMaxWorldSize)
+    return fail("world size W=" + std::to_string(l.world) + " is more than the " +
+                std::to_string(kMaxWorldSize) + " ranks a layer supports");
   if (m.num_experts % l.ep != 0)
     return fail(std::to_string(m.num_experts) + " experts are not divisible by EP=" + std::to_string(l.ep));
   if (m.ffn % l.tp != 0)

@@ -28,9 +28,11 @@
 #include <optional>
 #include <string>
 
+#include "comet/config.h"
+
 namespace comet {
 
-inline constexpr int kMaxProcessWorld = 64;  // the most ranks a plan supports
+inline constexpr int kMaxProcessWorld = kMaxWorldSize;  // the most ranks a plan supports
 inline constexpr double kDefaultFabricTimeoutS = 60.0;
 
 struct ProcessEnv {

@@ -687,9 +687,11 @@ Status BaselineMoe::can_implement(const LayerConfig& c) {
                            std::to_string(c.model.hidden) + ", F/TP=" + std::to_string(Fl));
   if (c.model.topk > 32)
     return Status::failure("the baselines support topk <= 32, got " + std::to_string(c.model.topk));
-  if (c.model.num_experts + c.layout.ep > 1536)
+  // In int64 so that the sum cannot wrap, whatever bounds validate() puts on E and EP.
+  const int64_t routing_table_entries = int64_t(c.model.num_experts) + c.layout.ep;
+  if (routing_table_entries > 1536)
     return Status::failure("the baselines support E + EP <= 1536 (shared-memory routing tables), got " +
-                           std::to_string(c.model.num_experts + c.layout.ep));
+                           std::to_string(routing_table_entries));
   if (c.max_tokens_per_rank < 1) return Status::failure("max_tokens_per_rank must be >= 1");
   if (max_a_rows(c) > (int64_t(1) << 31) - 1 || max_send_rows(c) > (int64_t(1) << 31) - 1)
     return Status::failure("a rank's buffers would hold more than 2^31 - 1 rows (" + std::to_string(max_a_rows(c)) +

@@ -363,5 +363,47 @@ TEST(LayerConfig, RefusesHiddenAndFfnBeyondTheBound) {
   EXPECT_TRUE(throws_with<Error>([&] { c.check(); }, {"F=2147483640", std::to_string(kMaxModelDim)}));
 }
 
+// EP*TP used to be compared in int: E = EP = 1431655766 with TP = 3 wraps to 2 = W, so the
+// config validated and DispatchPlan indexed a two-rank plan with ranks up to 3 * EP.
+TEST(LayerConfig, RefusesAWorldThatEpTimesTpMatchesOnlyAfterWrapping) {
+  LayerConfig c = small_config();
+  c.model.num_experts = 1431655766;
+  c.model.ffn = 3 * 64;
+  c.layout = {2, 1431655766, 3};
+  EXPECT_FALSE(c.validate().ok);
+  EXPECT_THROW(c.check(), Error);
+  // Within the bound on E: 65536 * 65537 = 2^32 + 65536 wraps to 65536 in int.
+  c = small_config();
+  c.model.num_experts = 65536;
+  c.model.ffn = 65537;
+  c.layout = {65536, 65536, 65537};
+  const Status s = c.validate();
+  EXPECT_FALSE(s.ok);
+  EXPECT_TRUE(contains(s.reason, "world size 65536 != EP*TP = 65536*65537"));
+}
+
+// E up to kMaxExperts and W up to kMaxWorldSize validate; beyond them they are refused with a
+// message naming the field and the value.
+TEST(LayerConfig, RefusesExpertsAndWorldBeyondTheBounds) {
+  LayerConfig c = small_config();
+  c.model.num_experts = kMaxExperts;
+  EXPECT_TRUE(c.validate().ok) << c.validate().reason;
+  c.model.num_experts = kMaxExperts + 2;  // still divisible by EP = 2
+  EXPECT_FALSE(c.validate().ok);
+  EXPECT_TRUE(contains(c.validate().reason, "num_experts"));
+  EXPECT_TRUE(contains(c.validate().reason, "E=" + std::to_string(kMaxExperts + 2)));
+  EXPECT_TRUE(contains(c.validate().reason, std::to_string(kMaxExperts)));
+
+  c = small_config();
+  c.model.num_experts = 64;
+  c.layout = {kMaxWorldSize, kMaxWorldSize, 1};
+  EXPECT_TRUE(c.validate().ok) << c.validate().reason;
+  c.model.num_experts = 128;
+  c.layout = {2 * kMaxWorldSize, 2 * kMaxWorldSize, 1};
+  EXPECT_FALSE(c.validate().ok);
+  EXPECT_TRUE(contains(c.validate().reason, "W=" + std::to_string(2 * kMaxWorldSize)));
+  EXPECT_TRUE(throws_with<Error>([&] { c.check(); }, {"world size", std::to_string(kMaxWorldSize)}));
+}
+
 }  // namespace
 }  // namespace comet
