@@ -47,7 +47,9 @@ struct LayerCost {
 };
 
 // Bytes rank src sends to rank dst in one forward (dispatch src->dst plus the combine rows
-// dst->src travel the other way; this counts src->dst only). Zero for src == dst.
+// dst->src travel the other way; this counts src->dst only). Zero for src == dst. Throws
+// comet::Error unless config is the plan's layer (check_plan_layer) and src, dst are in [0, W).
+// layer_cost and total_link_bytes check the layer the same way.
 double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, int dst);
 
 LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const GpuSpec& gpu);

@@ -96,6 +96,10 @@ class DispatchPlan {
   std::vector<std::vector<int32_t>> expert_ids_;  // [src][token*topk + slot]
 };
 
+// Throws comet::Error, naming `what` and both sides, unless `config` has the plan's world size,
+// experts per rank and topk: code that takes both indexes the plan with the config's sizes.
+void check_plan_layer(const LayerConfig& config, const DispatchPlan& plan, const char* what);
+
 // One M tile of a local expert: rows [row_begin, row_end) of the rank's A buffer.
 struct MTile {
   int expert_local;

@@ -42,12 +42,25 @@ const GpuSpec* find_gpu_spec(const std::string& device_name) {
   return nullptr;
 }
 
-double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, int dst) {
+namespace {
+
+// link_bytes without its checks, for loops over [0, W) once the caller has checked the layer.
+double link_bytes_of_layer(const LayerConfig& config, const DispatchPlan& plan, int src, int dst) {
   if (src == dst) return 0.0;
   // Dispatch: src's tokens sent to dst (once per destination). Combine: dst's tokens that src
   // holds return to dst as one pre-reduced row each. Both cross src->dst.
   const double row_bytes = double(config.model.hidden) * dtype_bytes(config.dtype);
-  return (plan.send_count(src, dst) + plan.send_count(dst, src)) * row_bytes;
+  return (double(plan.send_count(src, dst)) + plan.send_count(dst, src)) * row_bytes;
+}
+
+}  // namespace
+
+double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, int dst) {
+  // The plan's send lists are W x W: a rank outside [0, W) would read past them.
+  check_plan_layer(config, plan, "link_bytes");
+  COMET_CHECK(src >= 0 && src < plan.world() && dst >= 0 && dst < plan.world(),
+              "link_bytes: src " << src << " or dst " << dst << " outside [0, W=" << plan.world() << ")");
+  return link_bytes_of_layer(config, plan, src, dst);
 }
 
 namespace {
@@ -73,6 +86,7 @@ void finish_cost(LayerCost& c, const GpuSpec& gpu) {
 }  // namespace
 
 LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const GpuSpec& gpu) {
+  check_plan_layer(config, plan, "layer_cost");
   const int W = config.layout.world;
   LayerCost c;
   c.weight_bytes_per_rank = weight_bytes_per_rank(config);
@@ -83,8 +97,8 @@ LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const 
     c.flops_max_rank = std::max(c.flops_max_rank, flops);
     double out = 0, in = 0;
     for (int p = 0; p < W; ++p) {
-      out += link_bytes(config, plan, r, p);
-      in += link_bytes(config, plan, p, r);
+      out += link_bytes_of_layer(config, plan, r, p);
+      in += link_bytes_of_layer(config, plan, p, r);
     }
     c.link_bytes_max_rank = std::max({c.link_bytes_max_rank, out, in});
     c.serial_lower_bound_us += std::max({compute_us(flops, gpu), link_us(std::max(out, in), gpu), t_weights_us});
@@ -94,9 +108,10 @@ LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const 
 }
 
 double total_link_bytes(const LayerConfig& config, const DispatchPlan& plan) {
+  check_plan_layer(config, plan, "total_link_bytes");
   double bytes = 0;
   for (int src = 0; src < config.layout.world; ++src)
-    for (int dst = 0; dst < config.layout.world; ++dst) bytes += link_bytes(config, plan, src, dst);
+    for (int dst = 0; dst < config.layout.world; ++dst) bytes += link_bytes_of_layer(config, plan, src, dst);
   return bytes;
 }
 

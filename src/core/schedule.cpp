@@ -16,11 +16,7 @@ void check_rank(const DispatchPlan& plan, int rank, const char* what) {
 // A schedule from a config of another layer than the plan's would cut tiles across expert
 // segments (or index past them).
 void check_same_layer(const LayerConfig& config, const DispatchPlan& plan, const char* what) {
-  COMET_CHECK(config.layout.world == plan.world() && config.experts_per_rank() == plan.experts_per_rank() &&
-                  config.model.topk == plan.topk(),
-              what << ": the config (W=" << config.layout.world << ", E/EP=" << config.experts_per_rank()
-                   << ", topk=" << config.model.topk << ") is not the plan's (W=" << plan.world()
-                   << ", E/EP=" << plan.experts_per_rank() << ", topk=" << plan.topk() << ")");
+  check_plan_layer(config, plan, what);
   COMET_CHECK(config.tiles.block_m > 0 && plan.row_align() % config.tiles.block_m == 0,
               what << ": the plan's expert segments are aligned to " << plan.row_align()
                    << " rows, not a multiple of block_m " << config.tiles.block_m);

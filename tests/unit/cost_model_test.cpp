@@ -259,5 +259,25 @@ TEST(CostModel, ExpectedCostMatchesAUniformPlan) {
   }
 }
 
+// The cost functions index the plan with the config's W: a config of another layer (W=8 on a
+// plan of W=2) read past the plan's W x W send lists (an ASan heap overflow) instead of failing.
+TEST(CostModel, RefusesAConfigOfAnotherLayerAndRanksOutsideTheWorld) {
+  const CostCase small{"mixtral-8x7b", 2, 1, 64, DType::kBF16};
+  const LayerConfig c = small.config();
+  const DispatchPlan plan(c, small.routing(small.tokens));
+  LayerConfig other = CostCase{"mixtral-8x7b", 8, 1, 64, DType::kBF16}.config();
+  const GpuSpec& gpu = gpu_specs().front();
+  EXPECT_TRUE(throws_with<Error>([&] { layer_cost(other, plan, gpu); }, {"layer_cost", "not the plan's", "W=8", "W=2"}));
+  EXPECT_TRUE(throws_with<Error>([&] { total_link_bytes(other, plan); }, {"total_link_bytes", "W=8", "W=2"}));
+  EXPECT_TRUE(throws_with<Error>([&] { link_bytes(other, plan, 0, 7); }, {"link_bytes", "W=8", "W=2"}));
+  for (const auto& [src, dst] : std::vector<std::pair<int, int>>{{0, 2}, {2, 0}, {-1, 1}, {1, -1}}) {
+    SCOPED_TRACE(std::to_string(src) + " -> " + std::to_string(dst));
+    EXPECT_TRUE(throws_with<Error>([&] { link_bytes(c, plan, src, dst); }, {"link_bytes", "outside [0, W=2)"}));
+  }
+  // The same layer still works.
+  EXPECT_GT(total_link_bytes(c, plan), 0.0);
+  EXPECT_GE(layer_cost(c, plan, gpu).lower_bound_us, 0.0);
+}
+
 }  // namespace
 }  // namespace comet
