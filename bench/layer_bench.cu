@@ -117,13 +117,13 @@ std::vector<uint16_t> checked_forward(MoeLayer& layer, const LayerConfig& c, con
   return download_all_y(c, in, tokens);
 }
 
-// got against want (bf16 bits, every rank concatenated) with the oracle's comparison.
-ref::Comparison compare_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+// got against want (bf16 bits, every rank's [T][hidden] rows concatenated) with the oracle's comparison.
+ref::Comparison compare_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, int hidden) {
   std::vector<std::vector<float>> g(1);
   std::vector<std::vector<double>> w(1);
   for (uint16_t b : got) g[0].push_back(bf16_bits_to_float(b));
   for (uint16_t b : want) w[0].push_back(bf16_bits_to_float(b));
-  return ref::compare_outputs(g, w);
+  return ref::compare_outputs(g, w, hidden);
 }
 
 BaselineOptions with_link(BaselineOptions options, const LinkEmulation& link) {
@@ -184,7 +184,7 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
     poison_all_y(c, in, tokens);
     b.layer->forward(in.tensors, stream);
     b.fabric->wait(stream, "waiting for a baseline forward");
-    const ref::Comparison cmp = compare_bf16(download_all_y(c, in, tokens), want);
+    const ref::Comparison cmp = compare_bf16(download_all_y(c, in, tokens), want, c.model.hidden);
     row.baseline_rel_l2 = std::max(row.baseline_rel_l2, cmp.non_finite ? INFINITY : cmp.rel_l2);
     row.baselines_match = row.baselines_match && cmp.within(ref::tolerance_for(DType::kBF16));
   };

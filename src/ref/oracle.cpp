@@ -73,36 +73,57 @@ std::vector<std::vector<double>> oracle_forward(const MoeProblem& p) {
 }
 
 Comparison compare_outputs(const std::vector<std::vector<float>>& got,
-                           const std::vector<std::vector<double>>& want) {
+                           const std::vector<std::vector<double>>& want, int hidden) {
   COMET_CHECK(got.size() == want.size(),
               "output has " << got.size() << " ranks, reference has " << want.size());
+  COMET_CHECK(hidden >= 1, "compare_outputs: hidden must be >= 1, got " << hidden);
+  const size_t H = size_t(hidden);
   Comparison c;
-  double diff2 = 0, ref2 = 0;
+  double diff2 = 0, ref2 = 0, worst_row_diff2 = 0;
+  int64_t rows = 0;
   for (size_t r = 0; r < got.size(); ++r) {
     COMET_CHECK(got[r].size() == want[r].size(), "rank " << r << ": output has " << got[r].size()
                                                           << " values, reference has " << want[r].size());
-    for (size_t i = 0; i < got[r].size(); ++i) {
-      ++c.elements;
-      if (!std::isfinite(got[r][i])) {
-        ++c.non_finite;
-        continue;
+    COMET_CHECK(got[r].size() % H == 0, "rank " << r << ": " << got[r].size()
+                                                << " values are not whole rows of hidden = " << hidden);
+    for (size_t row = 0; row < got[r].size() / H; ++row, ++rows) {
+      double row_diff2 = 0;
+      for (size_t i = row * H; i < (row + 1) * H; ++i) {
+        ++c.elements;
+        if (!std::isfinite(got[r][i])) {
+          ++c.non_finite;
+          continue;
+        }
+        const double d = double(got[r][i]) - want[r][i];
+        row_diff2 += d * d;
+        ref2 += want[r][i] * want[r][i];
+        c.max_abs = std::max(c.max_abs, std::abs(d));
       }
-      const double d = double(got[r][i]) - want[r][i];
-      diff2 += d * d;
-      ref2 += want[r][i] * want[r][i];
-      c.max_abs = std::max(c.max_abs, std::abs(d));
+      diff2 += row_diff2;
+      if (c.worst_row_rank < 0 || row_diff2 > worst_row_diff2) {
+        worst_row_diff2 = row_diff2;
+        c.worst_row_rank = int(r);
+        c.worst_row_token = int64_t(row);
+      }
     }
   }
   // An all-zero reference (no routed token anywhere) must be matched exactly.
   c.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : (diff2 > 0 ? INFINITY : 0.0);
+  const double rms_row2 = rows > 0 ? ref2 / double(rows) : 0.0;
+  c.worst_row_error = rms_row2 > 0 ? std::sqrt(worst_row_diff2 / rms_row2) : (worst_row_diff2 > 0 ? INFINITY : 0.0);
   return c;
+}
+
+bool Comparison::within(double tolerance) const {
+  return non_finite == 0 && rel_l2 <= tolerance && worst_row_error <= kRowErrorPerTolerance * tolerance;
 }
 
 std::string Comparison::describe() const {
   std::ostringstream os;
   os.precision(3);
-  os << std::scientific << "rel_l2 " << rel_l2 << ", max_abs " << max_abs << ", non-finite "
-     << non_finite << " of " << elements;
+  os << std::scientific << "rel_l2 " << rel_l2 << ", max_abs " << max_abs << ", worst row " << worst_row_error;
+  if (worst_row_rank >= 0) os << " (rank " << worst_row_rank << " token " << worst_row_token << ")";
+  os << ", non-finite " << non_finite << " of " << elements;
   return os.str();
 }
 

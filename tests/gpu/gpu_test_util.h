@@ -74,11 +74,11 @@ inline std::vector<std::vector<double>> as_double(const std::vector<std::vector<
   return out;
 }
 
-// Every rank's output within the bf16 tolerance of `want` (ref::tolerance_for; the message
-// carries the comparison either way).
+// Every rank's output ([T_r][hidden]) within the bf16 tolerance of `want`, as a whole and row
+// by row (ref::Comparison::within; the message carries the comparison either way).
 inline ::testing::AssertionResult close_to(const std::vector<std::vector<float>>& got,
-                                           const std::vector<std::vector<double>>& want) {
-  const ref::Comparison cmp = ref::compare_outputs(got, want);
+                                           const std::vector<std::vector<double>>& want, int hidden) {
+  const ref::Comparison cmp = ref::compare_outputs(got, want, hidden);
   if (cmp.within(ref::tolerance_for(DType::kBF16))) return ::testing::AssertionSuccess() << cmp.describe();
   return ::testing::AssertionFailure() << cmp.describe();
 }

@@ -78,7 +78,7 @@ TEST_P(LinkEmulationTest, PacingNeverChangesResults) {
   layer.set_weights(p.weights);
   layer.set_options(layer_options(false, 0, 0, {}));
   const auto unfused = run(layer, d);
-  EXPECT_TRUE(close_to(unfused, ref::oracle_forward(p))) << "unpaced unfused against the oracle";
+  EXPECT_TRUE(close_to(unfused, ref::oracle_forward(p), p.config.model.hidden)) << "unpaced unfused against the oracle";
   layer.set_options(layer_options(false, 0, 0, kSlowLink));
   EXPECT_EQ(run(layer, d), unfused) << "paced unfused differs from unpaced";
   for (auto [n0, n1] : {std::pair{1, 1}, {16, 8}}) {
@@ -98,7 +98,7 @@ TEST_P(LinkEmulationTest, PacingNeverChangesResults) {
     const auto paced = run(base, d);
     EXPECT_EQ(paced, unpaced) << "paced baseline differs from unpaced";
     EXPECT_EQ(run(base, d), paced) << "a second paced call differs";
-    EXPECT_TRUE(close_to(paced, as_double(unfused))) << "baseline against Comet's unfused output";
+    EXPECT_TRUE(close_to(paced, as_double(unfused), c.model.hidden)) << "baseline against Comet's unfused output";
   }
 }
 

@@ -110,7 +110,7 @@ TEST(MoeLayerLocal, MatchesLoopbackBitwiseAndTheOracle) {
         const auto got = run(c, p, *local, o);
         auto loopback = fabric::make_loopback_fabric(W, 0);
         EXPECT_EQ(got, run(c, p, *loopback, o)) << "Local and Loopback differ";
-        EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(p)));
+        EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(p), p.config.model.hidden));
       }
 }
 
@@ -137,7 +137,7 @@ TEST(MoeLayerLocal, GraphReplayAcrossGpus) {
       d.assign_inputs(cuda::DeviceProblem(c, p, rig.fabric.get()));
       d.poison_y();
       graph.replay();
-      EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+      EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p), p.config.model.hidden));
     }
   }
 }
@@ -169,7 +169,7 @@ TEST(MoeLayerLocal, RefusesLinkEmulation) {
   paced.link.gbps = 100;
   EXPECT_TRUE(test::throws_with<Error>([&] { rig.layer.set_options(paced); },
                                        {"link emulation stands for a node on one GPU", "local fabric"}));
-  EXPECT_TRUE(testing::near_oracle(rig.forward(LayerOptions{}), ref::oracle_forward(rig.problem)));
+  EXPECT_TRUE(testing::near_oracle(rig.forward(LayerOptions{}), ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
 }
 
 TEST(MoeLayerLocal, RefusesTensorsForTheWrongNumberOfRanks) {

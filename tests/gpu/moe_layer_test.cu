@@ -38,7 +38,7 @@ TEST_P(MoeLayerTest, MatchesTheOracleAndRepeatsBitwise) {
   SCOPED_TRACE(lc.describe());
   LayerRig rig(lc);
   const auto got = rig.forward(LayerOptions{});
-  EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(rig.problem)));
+  EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
   EXPECT_EQ(rig.forward(LayerOptions{}), got) << "a second call differs";
 }
 
@@ -59,7 +59,7 @@ TEST(MoeLayer, AutoUnfusedGemmsMatchTheOracleAndTheDefaultBitwise) {
     LayerOptions o;
     o.unfused_gemms = UnfusedGemms::kAuto;
     const auto got = rig.forward(o);
-    EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(rig.problem)));
+    EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
     EXPECT_EQ(rig.forward(LayerOptions{}), got) << "the kAuto unfused GEMMs differ from the default ones";
     rig.layer.set_options(o);
     rig.layer.run_part(MoeLayer::Part::kGemms, nullptr);
@@ -84,7 +84,7 @@ TEST(MoeLayer, NewRoutingAndTokenCountsWithoutReallocation) {
     cuda::DeviceProblem d(c, same_weights);
     layer.forward(d.tensors(), nullptr);
     layer.check(nullptr);
-    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(same_weights)));
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(same_weights), same_weights.config.model.hidden));
   }
 }
 
@@ -105,7 +105,7 @@ TEST(MoeLayer, GraphReplayWithNewRoutingAndTokenCounts) {
     d.assign_inputs(cuda::DeviceProblem(c, p));  // new inputs, copied into the captured buffers
     d.poison_y();  // every row checked below must come from this replay
     graph.replay();
-    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p), p.config.model.hidden));
   }
 }
 
@@ -143,7 +143,7 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   d.set_token_count(1, 30);
   layer.forward(d.tensors(), nullptr);
   layer.check(nullptr);
-  EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+  EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p), p.config.model.hidden));
   // A NaN routing weight (rank 1, token 5, its first unmasked slot), and a negative count
   // reported signed.
   MoeProblem nan_weight = p;
@@ -162,7 +162,7 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   d.set_token_count(0, 64);
   layer.forward(d.tensors(), nullptr);
   layer.check(nullptr);
-  EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+  EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p), p.config.model.hidden));
   // Bad input does not stop the waits of the forwards enqueued after it (only a timeout does):
   // a good forward between the bad one and check() runs in step, on both paths.
   for (ForwardPath path : {ForwardPath::kUnfused, ForwardPath::kFused}) {
@@ -176,7 +176,7 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
     d.poison_y();
     layer.forward(d.tensors(), nullptr);
     EXPECT_TRUE(test::throws_with<Error>([&] { layer.check(nullptr); }, {"bad input from rank 1"}));
-    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p)));
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p), p.config.model.hidden));
   }
 }
 
@@ -212,7 +212,7 @@ TEST(MoeLayer, MisusedTensorsOptionsAndFabricAreRefusedByName) {
     COMET_CUDA_CHECK(cudaSetDevice(0));
   }
   // None of it enqueued anything: the same layer still runs and matches the oracle.
-  EXPECT_TRUE(testing::near_oracle(rig.forward(LayerOptions{}), ref::oracle_forward(rig.problem)));
+  EXPECT_TRUE(testing::near_oracle(rig.forward(LayerOptions{}), ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
   {
     MoeLayer second(rig.config, *rig.fabric);  // reallocates the heap under `layer`
     EXPECT_TRUE(refused(good, {"reallocated", "one fabric per layer"}));
@@ -360,7 +360,7 @@ TEST_P(FusedLayerTest, BitwiseEqualToUnfusedForAnyNComm) {
     layer.forward(d.tensors(), nullptr);
     layer.check(nullptr);
     const auto unfused = d.download_y();
-    EXPECT_TRUE(testing::near_oracle(unfused, ref::oracle_forward(q)));
+    EXPECT_TRUE(testing::near_oracle(unfused, ref::oracle_forward(q), q.config.model.hidden));
     expect_fused_equals_unfused(layer, d, unfused, {{1, 1}, {16, 16}, {64, 8}}, 1, nullptr);
   }
 }
@@ -378,7 +378,7 @@ TEST(FusedLayer, ManyTilesPerBlockBitwiseEqualToUnfused) {
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const auto unfused = rig.forward(LayerOptions{}, stream);
-  EXPECT_TRUE(testing::near_oracle(unfused, ref::oracle_forward(rig.problem)));
+  EXPECT_TRUE(testing::near_oracle(unfused, ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
   expect_fused_equals_unfused(rig.layer, rig.device, unfused, {{1, 1}, {64, 64}}, 2, stream);
   cudaStreamDestroy(stream);
 }
@@ -397,7 +397,8 @@ TEST(FusedLayer, TopkSixteenBitwiseEqualToUnfused) {
   rig.layer.forward(rig.device.tensors(), nullptr);
   rig.layer.check(nullptr);
   const auto unfused = rig.device.download_y();
-  EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(rig.problem)).within(ref::tolerance_for(DType::kBF16)));
+  EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(rig.problem), c.model.hidden)
+                  .within(ref::tolerance_for(DType::kBF16)));
   expect_fused_equals_unfused(rig.layer, rig.device, unfused, {{1, 1}, {32, 4}}, 1, nullptr);
 }
 
@@ -595,7 +596,7 @@ TEST(MoeLayer, GemmBlockCopiesOfRowsLargerThanTheRingAreRefused) {
   EXPECT_NE(layer.layer0_mode().source.find("does not fit their ring"), std::string::npos) << layer.layer0_mode().source;
   layer.forward(rig.device.tensors(), nullptr);
   layer.check(nullptr);
-  EXPECT_TRUE(testing::near_oracle(rig.device.download_y(), ref::oracle_forward(rig.problem)));
+  EXPECT_TRUE(testing::near_oracle(rig.device.download_y(), ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
 }
 
 // Plain activations (GELU, ReLU, SiLU) run on the unfused pipeline, their default path: the
@@ -612,7 +613,7 @@ TEST(MoeLayer, PlainActivationsMatchTheOracle) {
       LayerRig rig(c, lc.tokens, lc.spec, lc.seed);
       EXPECT_FALSE(rig.layer.path().fused) << rig.layer.path().source;
       const auto got = rig.forward(LayerOptions{});
-      EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(rig.problem)));
+      EXPECT_TRUE(testing::near_oracle(got, ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
       EXPECT_EQ(rig.forward(LayerOptions{}), got) << "a second call differs";
       LayerOptions auto_gemms;
       auto_gemms.unfused_gemms = UnfusedGemms::kAuto;

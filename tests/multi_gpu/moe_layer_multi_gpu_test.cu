@@ -60,7 +60,7 @@ std::vector<float> checked_forward(MoeLayer& layer, cuda::DeviceProblem& d) {
 
 // A checked forward: this rank's output must match the oracle's.
 void expect_forward_matches_oracle(MoeLayer& layer, cuda::DeviceProblem& d, const MoeProblem& p, int me) {
-  EXPECT_TRUE(testing::near_oracle({checked_forward(layer, d)}, {ref::oracle_forward(p)[me]}));
+  EXPECT_TRUE(testing::near_oracle({checked_forward(layer, d)}, {ref::oracle_forward(p)[me]}, p.config.model.hidden));
 }
 
 // Rank `me`'s output of the same layer with every rank on this process's GPU (Loopback): the
@@ -102,7 +102,7 @@ TEST(MoeLayerNccl, MatchesLoopbackBitwiseAndTheOracle) {
         if (call == 1) layer.run_part(MoeLayer::Part::kBarrier, nullptr);
         const std::vector<float> got = checked_forward(layer, d);
         EXPECT_EQ(got, loopback_y(c, p, o, me, f.device_of(me))) << "call " << call << ": Nccl and Loopback differ";
-        EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]})) << "call " << call;
+        EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]}, p.config.model.hidden)) << "call " << call;
       }
     }
 }
@@ -136,7 +136,7 @@ TEST(MoeLayerNccl, RanksMayRunDifferentOptions) {
     const std::vector<float> got = checked_forward(layer, d);
     EXPECT_EQ(got, loopback_y(c, p, LayerOptions{}, me, f.device_of(me)))
         << "differs from Loopback with default options";
-    EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]}));
+    EXPECT_TRUE(testing::near_oracle({got}, {ref::oracle_forward(p)[me]}, p.config.model.hidden));
   }
 }
 
@@ -210,7 +210,7 @@ TEST(MoeLayerNccl, GraphReplay) {
     d.assign_inputs(cuda::DeviceProblem(c, p, &f));
     d.poison_y();
     graph.replay();
-    EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]})) << "replay " << replay;
+    EXPECT_TRUE(testing::near_oracle(d.download_y(), {ref::oracle_forward(p)[me]}, p.config.model.hidden)) << "replay " << replay;
   }
 }
 

@@ -2,8 +2,10 @@
 // per-token computation written here; compare_outputs and tolerance_for (src/ref/oracle.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -214,7 +216,7 @@ TEST(Oracle, MatchesDirectPerTokenComputation) {
 TEST(Compare, ExactMatchNaNAndOneWrongRow) {
   const std::vector<std::vector<double>> want = {{1, 2, 3, 4}, {}, {-1, 0.5}};
   std::vector<std::vector<float>> got = {{1, 2, 3, 4}, {}, {-1, 0.5}};
-  Comparison c = compare_outputs(got, want);
+  Comparison c = compare_outputs(got, want, 2);
   EXPECT_EQ(c.rel_l2, 0.0);
   EXPECT_EQ(c.max_abs, 0.0);
   EXPECT_EQ(c.non_finite, 0);
@@ -223,18 +225,62 @@ TEST(Compare, ExactMatchNaNAndOneWrongRow) {
   EXPECT_FALSE(c.describe().empty());
 
   got[2][1] = std::numeric_limits<float>::quiet_NaN();
-  c = compare_outputs(got, want);
+  c = compare_outputs(got, want, 2);
   EXPECT_EQ(c.non_finite, 1);
   EXPECT_FALSE(c.within(1e30));  // NaN never passes
   got[2][1] = std::numeric_limits<float>::infinity();
-  EXPECT_FALSE(compare_outputs(got, want).within(1e30));
+  EXPECT_FALSE(compare_outputs(got, want, 2).within(1e30));
 
   got = {{1, 2, 3, 4}, {}, {-1, 0.5}};
   got[0][3] = 0;  // ||diff|| = 4, ||want|| = sqrt(31.25)
-  c = compare_outputs(got, want);
+  c = compare_outputs(got, want, 2);
   EXPECT_NEAR(c.rel_l2, 4 / std::sqrt(31.25), 1e-12);
   EXPECT_DOUBLE_EQ(c.max_abs, 4.0);
   EXPECT_FALSE(c.within(tolerance_for(DType::kBF16)));
+}
+
+// One token's output row zeroed among 2 x 8192 rows: the whole output's rel_l2 moves by about
+// 1/sqrt(16384) = 8e-3, under the bf16 tolerance, so the global check alone passed it. The
+// per-row bound fails it and names the row, while the output rounded to each dtype passes.
+TEST(Compare, OneZeroedRowAmongManyFailsAndIsNamed) {
+  constexpr int kHidden = 64, kTokens = 8192;
+  std::mt19937 rng(7);
+  std::normal_distribution<double> normal;
+  std::vector<std::vector<double>> want(2, std::vector<double>(size_t(kTokens) * kHidden));
+  for (auto& rank : want)
+    for (double& v : rank) v = normal(rng);
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<std::vector<float>> got(2);
+    for (size_t r = 0; r < 2; ++r)
+      for (double v : want[r]) got[r].push_back(round_to(dtype, float(v)));
+    const Comparison rounded = compare_outputs(got, want, kHidden);
+    EXPECT_TRUE(rounded.within(tolerance_for(dtype))) << rounded.describe();
+
+    std::fill_n(got[1].begin() + size_t(4321) * kHidden, kHidden, 0.0f);
+    const Comparison c = compare_outputs(got, want, kHidden);
+    if (dtype == DType::kBF16) {
+      EXPECT_LT(c.rel_l2, tolerance_for(dtype)) << "the global error alone would pass";
+    }
+    EXPECT_FALSE(c.within(tolerance_for(dtype))) << c.describe();
+    EXPECT_GT(c.worst_row_error, 0.5);
+    EXPECT_EQ(c.worst_row_rank, 1);
+    EXPECT_EQ(c.worst_row_token, 4321);
+    EXPECT_TRUE(test::contains(c.describe(), "rank 1 token 4321"));
+  }
+}
+
+TEST(Compare, RowsMustBeWholeAndAZeroReferenceMatchedExactly) {
+  EXPECT_TRUE(test::throws_with<Error>([] { compare_outputs({{1, 2, 3}}, {{1, 2, 3}}, 2); }, {"hidden = 2"}));
+  EXPECT_TRUE(test::throws_with<Error>([] { compare_outputs({{1, 2}}, {{1, 2}}, 0); }, {"hidden must be >= 1"}));
+  const std::vector<std::vector<double>> zero = {{0, 0, 0, 0}};
+  EXPECT_TRUE(compare_outputs({{0, 0, 0, 0}}, zero, 2).within(0.0));
+  const Comparison c = compare_outputs({{0, 0, 0, 1e-30f}}, zero, 2);
+  EXPECT_FALSE(c.within(1e30));
+  EXPECT_EQ(c.worst_row_token, 1);
+  const Comparison empty = compare_outputs({{}, {}}, {{}, {}}, 8);
+  EXPECT_TRUE(empty.within(0.0));
+  EXPECT_EQ(empty.worst_row_rank, -1);
 }
 
 TEST(Compare, Tolerances) {

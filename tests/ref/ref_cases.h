@@ -288,7 +288,7 @@ inline ::testing::AssertionResult matches_oracle(const std::vector<std::vector<f
     }
     return ::testing::AssertionSuccess();
   }
-  const ref::Comparison cmp = ref::compare_outputs(got, want);
+  const ref::Comparison cmp = ref::compare_outputs(got, want, hidden);
   const double tol = ref::tolerance_for(dtype);
   if (!cmp.within(tol)) {
     // Name the worst element's token to make the failure actionable.
