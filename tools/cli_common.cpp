@@ -267,7 +267,9 @@ void add_workload_options(CLI::App& app, WorkloadOptions& o, const TileConfig& d
   o.shape_opts = {
       app.add_option("--hidden", o.hidden, "custom shape: hidden size H")->group("Model"),
       app.add_option("--ffn", o.ffn, "custom shape: expert intermediate size F")->group("Model"),
-      app.add_option("--experts", o.experts, "custom shape: number of experts E")->group("Model"),
+      app.add_option("--experts", o.experts,
+                     "custom shape: number of experts E (all routed: overrides a preset's padding experts)")
+          ->group("Model"),
       app.add_option("--topk", o.topk, "custom shape: experts per token")->group("Model"),
       app.add_option("--activation", o.activation,
                      "custom shape: swiglu (gated), gelu, relu or silu")
@@ -338,7 +340,13 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
     c.model.name = preset_given ? c.model.name + "+custom" : "custom";
     if (o.shape_opts[0]->count()) c.model.hidden = o.hidden;
     if (o.shape_opts[1]->count()) c.model.ffn = o.ffn;
-    if (o.shape_opts[2]->count()) c.model.num_experts = o.experts;
+    // A preset's padding experts (qwen2-moe: 4 of 64) only round its E up to a divisor of EP;
+    // kept with another E they would leave fewer experts routed than asked for (--experts 8: 4),
+    // or name padding the user cannot set in an error. A given E is routed in full.
+    if (o.shape_opts[2]->count()) {
+      c.model.num_experts = o.experts;
+      c.model.padding_experts = 0;
+    }
     if (o.shape_opts[3]->count()) c.model.topk = o.topk;
     if (o.shape_opts[4]->count()) {
       if (std::find(std::begin(kActivations), std::end(kActivations), o.activation) ==
