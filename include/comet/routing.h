@@ -44,7 +44,13 @@ struct RoutingSpec {
   std::string describe() const;
 };
 
-// "uniform", "zipf:1.2", "imbalance:0.03"; throws comet::Error on anything else.
+// The largest imbalance:STD accepted. STD is the std of an expert's load fraction (a number in
+// [0, 1] that is 1/E on average), so a larger one describes no distribution; the paper sweeps
+// 0..0.05. Much larger values (1e307) overflowed the loads' sum to inf.
+inline constexpr double kMaxImbalanceStd = 1.0;
+
+// "uniform", "zipf:1.2", "imbalance:0.03" (STD in [0, kMaxImbalanceStd]); throws comet::Error on
+// anything else.
 RoutingSpec parse_routing_spec(const std::string& text);
 
 // Expert load distribution of a spec: probability of each expert being picked by one slot.

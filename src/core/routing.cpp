@@ -135,6 +135,9 @@ RoutingSpec parse_routing_spec(const std::string& text) {
   } else if (kind == "imbalance") {
     spec.kind = RoutingKind::kImbalance;
     spec.param = number(0.0);
+    COMET_CHECK(spec.param <= kMaxImbalanceStd,
+                "routing '" << text << "': STD is the std of an expert's load fraction (1/E on average), "
+                            << "at most " << kMaxImbalanceStd << ", got " << arg);
   } else {
     throw Error("unknown routing '" + text + "' (expected uniform, zipf:S or imbalance:STD)");
   }
@@ -147,6 +150,8 @@ std::vector<double> expert_load_distribution(const RoutingSpec& spec, int num_ex
   // in text; a spec built in code comes here unchecked).
   COMET_CHECK(spec.kind == RoutingKind::kUniform || (std::isfinite(spec.param) && spec.param >= 0),
               "routing " << spec.describe() << ": the parameter must be a finite number >= 0");
+  COMET_CHECK(spec.kind != RoutingKind::kImbalance || spec.param <= kMaxImbalanceStd,
+              "routing " << spec.describe() << ": STD must be at most " << kMaxImbalanceStd);
   std::vector<double> p(num_experts, 1.0 / num_experts);
   Rng rng(derive_seed(seed, 0x10ad));
   if (spec.kind == RoutingKind::kZipf) {
@@ -161,6 +166,9 @@ std::vector<double> expert_load_distribution(const RoutingSpec& spec, int num_ex
       p[e] = std::max(0.0, 1.0 / num_experts + spec.param * rng.normal());
   }
   double sum = std::accumulate(p.begin(), p.end(), 0.0);
+  // inf or NaN would turn every load into 0 or NaN and generation into silent nonsense.
+  COMET_CHECK(std::isfinite(sum), "routing " << spec.describe() << " over " << num_experts
+                                             << " experts: the loads sum to " << sum << ", not a finite number");
   if (sum <= 0) {  // every expert clipped to zero: fall back to uniform
     std::fill(p.begin(), p.end(), 1.0);
     sum = num_experts;

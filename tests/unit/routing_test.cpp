@@ -416,6 +416,28 @@ TEST(RoutingSpec, BadParametersBuiltInCodeAreRefused) {
                                  {"mask fraction nan"}));
 }
 
+// imbalance:STD is the std of a load fraction: beyond kMaxImbalanceStd it is refused, in text
+// and built in code. 1e307 used to pass and overflow the loads' sum to inf, so every load came
+// out 0 or NaN and generation degenerated without an error.
+TEST(RoutingSpec, ImbalanceStdBeyondTheBoundIsRefused) {
+  EXPECT_DOUBLE_EQ(parse_routing_spec("imbalance:1").param, kMaxImbalanceStd);
+  for (const char* bad : {"imbalance:1.5", "imbalance:10", "imbalance:1e307"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_TRUE(throws_with<Error>([&] { parse_routing_spec(bad); }, {bad, "std of an expert's load fraction", "at most 1"}));
+  }
+  const RoutingSpec huge{RoutingKind::kImbalance, 1e307, 0.0};
+  EXPECT_TRUE(throws_with<Error>([&] { expert_load_distribution(huge, 64, 1); }, {"imbalance:1e+307", "at most 1"}));
+  EXPECT_TRUE(throws_with<Error>([&] { generate_routing(huge, 4, 64, 2, 1, 0); }, {"at most 1"}));
+  // At the bound the loads are still a distribution.
+  const auto d = expert_load_distribution({RoutingKind::kImbalance, kMaxImbalanceStd, 0.0}, 64, 1);
+  double sum = 0;
+  for (double p : d) {
+    EXPECT_TRUE(std::isfinite(p) && p >= 0) << p;
+    sum += p;
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-12);
+}
+
 // ---- Routing::check --------------------------------------------------------------------------
 
 Routing three_tokens() {
