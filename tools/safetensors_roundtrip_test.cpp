@@ -182,20 +182,23 @@ TEST(Safetensors, ReaderChecksLayout) {
   std::filesystem::remove(path);
 }
 
+// What reading a file of this header and `data` bytes says: "accepted", or the refusal.
+std::string read_message(const std::string& path, const std::string& header, size_t data) {
+  write_bytes(path, make_file(header, data));
+  try {
+    read_safetensors(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
 // Dimensions and offsets are non-negative JSON integers, and a shape's byte count must fit in
 // 64 bits: a wrapped product (2^62 x 4 bytes = 2^64, "0") once matched an empty byte range, and
 // 2.5 was read as 2. Each refusal names the tensor.
 TEST(Safetensors, ReaderRejectsOverflowingAndNonIntegerShapes) {
   const std::string path = temp_path("shapes.safetensors");
-  auto message = [&](const std::string& header, size_t data) -> std::string {
-    write_bytes(path, make_file(header, data));
-    try {
-      read_safetensors(path);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "accepted";
-  };
+  auto message = [&](const std::string& header, size_t data) { return read_message(path, header, data); };
   EXPECT_EQ(message(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8), "accepted");
   EXPECT_EQ(message(R"({"a":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})", 0), "accepted");
   const std::string wraps = message(R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0);
@@ -223,15 +226,7 @@ TEST(Safetensors, ReaderRejectsOverflowingAndNonIntegerShapes) {
 // dropping the first without a word; it is refused naming the name, as is any repeated key.
 TEST(Safetensors, ReaderRejectsRepeatedNames) {
   const std::string path = temp_path("repeated.safetensors");
-  auto message = [&](const std::string& header, size_t data) -> std::string {
-    write_bytes(path, make_file(header, data));
-    try {
-      read_safetensors(path);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "accepted";
-  };
+  auto message = [&](const std::string& header, size_t data) { return read_message(path, header, data); };
   const std::string twice = message(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                                     R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                                     8);
