@@ -80,14 +80,14 @@ Comparison compare_outputs(const std::vector<std::vector<float>>& got,
   const size_t H = size_t(hidden);
   Comparison c;
   double diff2 = 0, ref2 = 0, worst_row_diff2 = 0;
-  int64_t rows = 0;
+  int64_t rows = 0;  // rows whose reference is not all zero (a token with every slot masked is)
   for (size_t r = 0; r < got.size(); ++r) {
     COMET_CHECK(got[r].size() == want[r].size(), "rank " << r << ": output has " << got[r].size()
                                                           << " values, reference has " << want[r].size());
     COMET_CHECK(got[r].size() % H == 0, "rank " << r << ": " << got[r].size()
                                                 << " values are not whole rows of hidden = " << hidden);
-    for (size_t row = 0; row < got[r].size() / H; ++row, ++rows) {
-      double row_diff2 = 0;
+    for (size_t row = 0; row < got[r].size() / H; ++row) {
+      double row_diff2 = 0, row_ref2 = 0;
       for (size_t i = row * H; i < (row + 1) * H; ++i) {
         ++c.elements;
         if (!std::isfinite(got[r][i])) {
@@ -96,10 +96,12 @@ Comparison compare_outputs(const std::vector<std::vector<float>>& got,
         }
         const double d = double(got[r][i]) - want[r][i];
         row_diff2 += d * d;
-        ref2 += want[r][i] * want[r][i];
+        row_ref2 += want[r][i] * want[r][i];
         c.max_abs = std::max(c.max_abs, std::abs(d));
       }
       diff2 += row_diff2;
+      ref2 += row_ref2;
+      if (row_ref2 > 0) ++rows;
       if (c.worst_row_rank < 0 || row_diff2 > worst_row_diff2) {
         worst_row_diff2 = row_diff2;
         c.worst_row_rank = int(r);

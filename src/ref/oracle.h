@@ -20,7 +20,8 @@ namespace comet::ref {
 std::vector<std::vector<double>> oracle_forward(const MoeProblem& problem);
 
 // One row is one token's H outputs. Besides the relative L2 error of the whole output, every
-// row's L2 error is measured against the RMS of the reference rows' L2 norms: the global error
+// row's L2 error is measured against the RMS of the reference rows' L2 norms (over the rows
+// that are not all zero: a token whose slots are all masked has none): the global error
 // alone hides a wrong row among many (one zeroed row among 16k tokens moves rel_l2 by 8e-3,
 // under the bf16 tolerance), while that row's own error is about one RMS row norm.
 struct Comparison {
@@ -28,7 +29,7 @@ struct Comparison {
   double max_abs = 0;       // largest |got - want|
   int64_t non_finite = 0;   // elements of got that are NaN or Inf (never pass)
   int64_t elements = 0;
-  // max over rows of ||got_row - want_row||_2 / sqrt(mean over rows of ||want_row||_2^2),
+  // max over rows of ||got_row - want_row||_2 / sqrt(mean over non-zero rows of ||want_row||_2^2),
   // and that row: its rank and token index there (-1 when there is no row).
   double worst_row_error = 0;
   int worst_row_rank = -1;

@@ -270,6 +270,28 @@ TEST(Compare, OneZeroedRowAmongManyFailsAndIsNamed) {
   }
 }
 
+// Tokens with every slot masked have an all-zero reference row (and output). The row scale is
+// the RMS over the other rows: over all rows, 999 zero rows in 1000 would shrink it 30-fold and
+// fail correctly rounded outputs (comet run --mask-fraction 0.999 did), while a zeroed real row
+// must still fail.
+TEST(Compare, MaskedTokensDoNotShrinkTheRowScale) {
+  constexpr int kHidden = 64, kTokens = 1000, kRouted = 10;
+  std::mt19937 rng(11);
+  std::normal_distribution<double> normal;
+  std::vector<std::vector<double>> want(1, std::vector<double>(size_t(kTokens) * kHidden, 0.0));
+  for (int t = 0; t < kRouted; ++t)
+    for (int i = 0; i < kHidden; ++i) want[0][size_t(t) * 100 * kHidden + i] = normal(rng);
+  std::vector<std::vector<float>> got(1);
+  for (double v : want[0]) got[0].push_back(round_to(DType::kBF16, float(v * (1 + 3e-3 * normal(rng)))));
+  const Comparison c = compare_outputs(got, want, kHidden);
+  EXPECT_TRUE(c.within(tolerance_for(DType::kBF16))) << c.describe();
+  EXPECT_LT(c.worst_row_error, 0.05) << c.describe();
+  std::fill_n(got[0].begin() + size_t(300) * kHidden, kHidden, 0.0f);  // routed token 3
+  const Comparison zeroed = compare_outputs(got, want, kHidden);
+  EXPECT_FALSE(zeroed.within(tolerance_for(DType::kBF16))) << zeroed.describe();
+  EXPECT_EQ(zeroed.worst_row_token, 300);
+}
+
 TEST(Compare, RowsMustBeWholeAndAZeroReferenceMatchedExactly) {
   EXPECT_TRUE(test::throws_with<Error>([] { compare_outputs({{1, 2, 3}}, {{1, 2, 3}}, 2); }, {"hidden = 2"}));
   EXPECT_TRUE(test::throws_with<Error>([] { compare_outputs({{1, 2}}, {{1, 2}}, 0); }, {"hidden must be >= 1"}));
