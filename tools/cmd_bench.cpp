@@ -119,6 +119,12 @@ void check_bench_inputs(const std::vector<std::string>& models, const std::vecto
       throw UsageError("EP " + std::to_string(ep) + " x TP " + std::to_string(tp) + " is more than " +
                        std::to_string(max_world) + " ranks");
     for (const ModelShape& m : shapes) {
+      if (int64_t(ep) * tp > kMaxWorldSize) {  // bench gemm: rank 0's expert shapes, no ranks run
+        if (m.num_experts % ep != 0)
+          throw UsageError(m.name + " at EP " + std::to_string(ep) + " x TP " + std::to_string(tp) + ": " +
+                           std::to_string(m.num_experts) + " experts are not divisible by EP=" + std::to_string(ep));
+        continue;
+      }
       LayerConfig c;
       c.model = m;
       c.layout = {ep * tp, ep, tp};
