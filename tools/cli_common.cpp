@@ -102,7 +102,8 @@ CLI::Validator non_negative_integer() {
         if (input.empty()) return std::string("an empty value is not a non-negative integer");
         const size_t first = input.find_first_not_of(" \t");
         if (first != std::string::npos && input[first] == '-') return "Value " + input + " is negative";
-        const size_t digits = input[0] == '+' ? 1 : 0;
+        const size_t start = first == std::string::npos ? 0 : first;  // strtoull skips the same spaces
+        const size_t digits = input[start] == '+' ? start + 1 : start;
         if (digits >= input.size() || std::isdigit(static_cast<unsigned char>(input[digits])) == 0)
           return "Value " + input + " is not a non-negative integer";
         char* end = nullptr;

@@ -29,6 +29,15 @@ TEST(CliCommon, CommBlocksMustLeaveTheGemmAnSm) {
   EXPECT_NE(refusal({8}, {2}, 8).find("--n-comm0 8: "), std::string::npos);
 }
 
+// The unsigned integer options (--seed): what strtoull reads, strictly. Leading spaces are
+// taken as strtoull takes them, so " 5" is 5 as it is for the other integer options.
+TEST(CliCommon, NonNegativeIntegersAreReadStrictly) {
+  auto check = [](std::string value) { return non_negative_integer()(value); };
+  for (const char* ok : {"0", "5", "+5", " 5", "18446744073709551615"}) EXPECT_EQ(check(ok), "") << ok;
+  for (const char* bad : {"", "-1", " -1", "x", "5x", "+", " ", "18446744073709551616"})
+    EXPECT_NE(check(bad), "") << "'" << bad << "'";
+}
+
 // --save and --trace naming one file are refused, however the path is spelled, whether or not
 // the file exists yet.
 TEST(CliCommon, SameFileResolvesSpellingsOfOnePath) {
