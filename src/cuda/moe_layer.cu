@@ -1070,8 +1070,8 @@ void MoeLayer::forward(const std::vector<RankTensors>& in, CUstream_st* stream) 
   const bool traced = m.fused_path() && m.options.trace;
   m.trace.last_forward_traced = false;  // read_trace() refuses until a traced forward is enqueued
   if (traced) m.prepare_trace(stream);
-  m.trace.last_forward_traced = traced;
   m.forward(in, stream);
+  m.trace.last_forward_traced = traced;
 }
 
 Trace MoeLayer::read_trace(CUstream_st* stream) {

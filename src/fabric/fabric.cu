@@ -73,11 +73,17 @@ void Fabric::run_wait(CUstream_st* stream, const std::string& what) {
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-// The generation moves first: run_allocate frees the old heap before it allocates, so a layer
-// built on the old heap must refuse to run even when the new allocation fails.
-void Fabric::allocate(int64_t bytes_per_rank) {
+// run_allocate frees the old heap before it allocates: a layer built on the old heap must refuse
+// to run even when the new allocation fails after that (bytes_per_rank() is then 0), while a
+// failure before it (the Nccl fabric's size agreement) leaves the heap and its layers usable.
+void Fabric::allocate(int64_t bytes) {
+  try {
+    run_allocate(bytes);
+  } catch (...) {
+    if (bytes_per_rank() == 0) ++heap_generation_;
+    throw;
+  }
   ++heap_generation_;
-  run_allocate(bytes_per_rank);
 }
 
 void Fabric::all_to_all_v(const void* send, const int64_t* send_bytes, const int64_t* send_offsets, void* recv,

@@ -45,12 +45,15 @@ TEST(LoopbackFabric, EveryRankIsLocal) {
 
 // allocate() frees the old heap before it allocates: when the new allocation fails, the heap is
 // gone, so the generation (which a layer built on the old heap checks) must have moved anyway,
-// and the fabric reports no bytes. A later allocation works.
+// and the fabric reports no bytes; a size refused before that leaves both. A later allocation works.
 TEST(LoopbackFabric, FailedAllocationStillMovesTheHeapGeneration) {
   COMET_REQUIRE_GPU();
   auto f = make_loopback_fabric(2);
   f->allocate(1000);
   const uint64_t before = f->heap_generation();
+  EXPECT_THROW(f->allocate(-1), Error);  // refused before the old heap is freed: it stays usable
+  EXPECT_EQ(f->heap_generation(), before);
+  EXPECT_EQ(f->bytes_per_rank(), 1024);
   EXPECT_THROW(f->allocate(int64_t(1) << 50), Error);  // 1 PiB per rank
   cudaGetLastError();
   EXPECT_NE(f->heap_generation(), before) << "a layer on the freed heap would still run";
