@@ -630,6 +630,9 @@ void check_plan_shape(const PlanShape& s) {
   // Implied by the shared-memory bound (68 bytes per local expert), stated for SlotIds.
   COMET_CHECK(s.experts_per_rank <= kSlotIdCount,
               "build_device_plan: " << s.experts_per_rank << " experts per rank, at most " << kSlotIdCount);
+  COMET_CHECK(s.experts_per_rank <= kMaxGemmExperts, "build_device_plan: " << s.experts_per_rank
+                                                         << " experts per rank, the tiles hold at most "
+                                                         << kMaxGemmExperts);
   // The layout kernel indexes the chunk counts and the tile lists in 32 bits.
   COMET_CHECK(int64_t(s.world) * s.chunks * s.experts_per_rank < INT32_MAX &&
                   s.max_m_tiles * std::max(s.n_blocks0, s.n_blocks1) < INT32_MAX,

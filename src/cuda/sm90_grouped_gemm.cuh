@@ -17,7 +17,8 @@
 //                         kHelperSmemBytes of shared memory set aside from the stages; the
 //                         fused layer0's bulk copies, cuda/dispatch_bulk.cuh); warps 2-3 leave
 //   warpgroups 1 and 2    consumers, cooperative: both run wgmma on every tile (64 rows each of
-//                         the 128-row tile) through CUTLASS's sm90 TMA/GMMA mainloop collective,
+//                         the 128-row tile; the second skips a tile whose rows all lie past the
+//                         expert's end) through CUTLASS's sm90 TMA/GMMA mainloop collective,
 //                         then the epilogue: registers -> padded shared memory -> coalesced
 //                         16-byte bf16 stores (each warpgroup its own 64 rows; with row_combine,
 //                         a row whose entry names a destination goes there, weighted, instead
@@ -34,7 +35,8 @@
 //
 // Assumptions: A's expert segments start at multiples of kTileM (the schedule guarantees
 // it), so a tile's rows belong to one expert; rows past an expert's end inside its last tile
-// are padding and produce padding output rows. K and N tails are zero-filled by TMA.
+// are padding: not part of the output (computed and stored as padding rows, or, where a whole
+// cooperative warpgroup's rows lie there, left as they were). K and N tails are zero-filled by TMA.
 #pragma once
 
 #include <cuda_bf16.h>

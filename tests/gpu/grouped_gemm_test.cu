@@ -395,21 +395,35 @@ TEST(GroupedGemm, CooperativeSkipsRowsPastTheExpert) {
     const GemmCase c{"rows past the expert", epilogue, 2120, 384, rows, 29, kernel};
     SCOPED_TRACE(c.describe());
     const GemmProblem p = make_gemm_problem(c);
-    const GemmRun run = run_checked(p, TileOrder::kColumnBlockMajor);
     const bool cooperative = kernel == GemmKernel::kCooperative128x256 || kernel == GemmKernel::kCooperative128x256Cluster2x1;
-    for (int e = 0; e < int(rows.size()); ++e) {
-      const int last_tile = p.offsets[e + 1] - kGemmBlockM, end = p.offsets[e] + rows[e];
-      const bool skipped = cooperative && end - last_tile <= kGemmBlockM / 2;
-      for (int row = std::max(end, last_tile + kGemmBlockM / 2); row < p.offsets[e + 1]; ++row)
-        for (int col = 0; col < c.n; col += 97)
-          ASSERT_EQ(run.raw_d[size_t(row) * c.n + col] == 0xffff, skipped)
-              << "expert " << e << " row " << row << (skipped ? " was stored" : " was not stored");
-    }
+    auto check_skipped_rows = [&](const GemmRun& run) {
+      for (int e = 0; e < int(rows.size()); ++e) {
+        const int last_tile = p.offsets[e + 1] - kGemmBlockM, end = p.offsets[e] + rows[e];
+        const bool skipped = cooperative && end - last_tile <= kGemmBlockM / 2;
+        for (int row = std::max(end, last_tile + kGemmBlockM / 2); row < p.offsets[e + 1]; ++row)
+          for (int col = 0; col < c.n; col += 97)
+            ASSERT_EQ(run.raw_d[size_t(row) * c.n + col] == 0xffff, skipped)
+                << "expert " << e << " row " << row << (skipped ? " was stored" : " was not stored");
+      }
+    };
+    check_skipped_rows(run_checked(p, TileOrder::kColumnBlockMajor));
     if (cooperative && gemm_cluster_m(kernel) == 1) {
-      for (TileDealing dealing : {TileDealing{true, 0, false}, TileDealing{false, 5, true}}) {
+      // 7 blocks: both epilogues' lists cut tiles with at most 64 rows into split pieces.
+      constexpr int kSplitBlocks = 7;
+      std::vector<GemmSplitPiece> pieces;
+      const std::vector<GemmTile> list =
+          gemm_schedule_host(rows, gemm_num_n_blocks(epilogue, c.n, kernel), 1, TileOrder::kColumnBlockMajor,
+                             gemm_split_for(kernel, c.k, kSplitBlocks), &pieces);
+      bool split_half_tile = false;
+      for (size_t i = 0; i < list.size(); ++i)
+        split_half_tile |= pieces[i].role != GemmSplitRole::kWhole && pieces[i].role != GemmSplitRole::kIdle &&
+                           gemm_tile_rows(list[i]) <= kGemmBlockM / 2;
+      EXPECT_TRUE(split_half_tile) << "no split piece of a tile with at most 64 rows; choose another grid";
+      for (TileDealing dealing : {TileDealing{true, 0, false}, TileDealing{false, kSplitBlocks, true}}) {
         const GemmRun other = run_case(p, TileOrder::kColumnBlockMajor, nullptr, 2'000'000'000ull, dealing);
         EXPECT_EQ(other.error.claimed, 0) << describe(other.error);
         check_run(p, other);
+        check_skipped_rows(other);
       }
     }
   }
@@ -648,9 +662,12 @@ TEST(GroupedGemm, ScheduleOfAnotherConfigurationIsRefusedOrHarmless) {
     EXPECT_EQ(g.error.download()[0].claimed, 0);
     EXPECT_EQ(expert_rows_only(p, g.d.download()), want.d) << "a real tile is missing";
     const std::vector<uint16_t> raw = g.d.download();
-    // The last M tile (rows 256-383) holds 44 rows: its second warpgroup's 64 rows are skipped.
+    // The last M tile (rows 256-383) holds 44 rows: its second warpgroup's 64 rows are skipped,
+    // and its first warpgroup's (up to row 319) are stored as the plain schedule stores them.
     for (int row = 320; row < p.max_rows; ++row)
       ASSERT_EQ(raw[size_t(row) * p.c.n], 0xffff) << "row " << row << " past the expert's end was stored";
+    EXPECT_TRUE(std::equal(raw.begin(), raw.begin() + size_t(320) * p.c.n, want.raw_d.begin()))
+        << "rows 0-319 differ from the plain schedule's";
   }
 }
 
