@@ -8,6 +8,7 @@
 
 #include "bench/gemm_bench.h"
 #include "cuda/grouped_gemm.h"
+#include "io/json_text.h"
 
 namespace comet::bench {
 
@@ -58,9 +59,7 @@ std::string gemm_rows_json(const std::vector<GemmBenchRow>& rows) {
                  {"comet_split_us", r.split_us}, {"split_used", r.split_used},
                  {"split_max_rel_diff", r.split_max_rel_diff},
                  {"verified", r.verified}});
-  // Strings that are not UTF-8 (a device name) are replaced (U+FFFD), not refused after the
-  // benchmark ran.
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  return io::json_text(j, 2);  // a device name is not always UTF-8
 }
 
 }  // namespace comet::bench

@@ -7,6 +7,7 @@
 
 #include "bench/layer_bench.h"
 #include "core/bench_metrics.h"
+#include "io/json_text.h"
 
 namespace comet::bench {
 
@@ -164,9 +165,7 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
                       {"hidden_fraction", {r.timeline[0].fraction(), r.timeline[1].fraction()}}};
     j.push_back(row);
   }
-  // A --trace path is bytes as the user typed them, not always UTF-8: replaced (U+FFFD), not
-  // refused after the whole benchmark ran.
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  return io::json_text(j, 2);  // a --trace path is bytes as the user typed them, not always UTF-8
 }
 
 }  // namespace comet::bench

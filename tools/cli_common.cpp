@@ -218,8 +218,7 @@ void check_output_path(const std::string& path, const std::string& option) {
 
 void check_trace_path(const std::string& path, const std::string& written) {
   if (path.empty()) return;
-  const std::string svg = ".svg";
-  if (path.size() >= svg.size() && path.compare(path.size() - svg.size(), svg.size(), svg) == 0)
+  if (path.ends_with(".svg"))
     throw UsageError("--trace: \"" + path + "\" ends in .svg; give the JSON path, FILE.json (the picture is written " +
                      "beside it as FILE.svg)");
   const std::string& json = written.empty() ? path : written;

@@ -16,6 +16,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "comet/plan.h"
+#include "io/json_text.h"
 #include "report.h"
 
 namespace comet::tools {
@@ -220,7 +221,7 @@ int plan_command(const PlanOptions& o) {
     for (int p = 0; p < W; ++p) arrivals.push_back(combine_arrivals_expected(plan, R, p, s1.num_col_blocks));
     j["combine_arrivals_expected"] = arrivals;  // [peer]
     // Names that are not UTF-8 are replaced (U+FFFD) rather than failing the report.
-    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    std::cout << io::json_text(j, 2) << "\n";
     return kExitOk;
   }
 

@@ -23,6 +23,7 @@
 #include "comet/problem.h"
 #include "core/process_env.h"
 #include "ref/oracle.h"
+#include "io/json_text.h"
 #include "io/trace_writers.h"
 #include "ref/ref_backend.h"
 #ifdef COMET_HAVE_CUDA
@@ -285,7 +286,7 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   }
   // The paths are bytes as the user typed them, not always UTF-8: replaced (U+FFFD), not refused
   // after the run.
-  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  std::cout << io::json_text(j, 2) << "\n";
 }
 
 }  // namespace

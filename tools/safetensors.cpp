@@ -10,12 +10,12 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "comet/error.h"
+#include "io/json_text.h"
 
 namespace comet::tools {
 namespace {
@@ -220,30 +220,16 @@ SafetensorsFile read_safetensors(const std::string& path) {
   if (head.empty() || head[0] != '{') throw Error(where + "header does not start with '{'");
   // nlohmann keeps the last of repeated keys: a second tensor of one name would silently drop
   // the first (and its bytes would read as a gap). Repeated keys are refused, at any depth.
-  std::vector<std::set<std::string>> keys;  // of every object being parsed, outermost first
-  std::string repeated;
-  bool repeated_tensor = false;
-  const auto find_repeats = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    if (event == Event::object_start) {
-      keys.emplace_back();
-    } else if (event == Event::object_end) {
-      keys.pop_back();
-    } else if (event == Event::key && repeated.empty() && !keys.back().insert(parsed.get<std::string>()).second) {
-      repeated = parsed.get<std::string>();
-      repeated_tensor = keys.size() == 1;
-    }
-    return true;
-  };
+  std::optional<io::RepeatedJsonKey> repeated;
   nlohmann::json h;
   try {
-    h = nlohmann::json::parse(head, find_repeats);
+    h = io::parse_json_unique_keys(head, repeated);
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + "header is not valid JSON: " + e.what());
   }
-  if (!repeated.empty())
-    throw Error(where + (repeated_tensor ? "tensor \"" + repeated + "\" appears twice in the header"
-                                         : "key \"" + repeated + "\" appears twice in one object of the header"));
+  if (repeated)
+    throw Error(where + (repeated->depth == 1 ? "tensor \"" + repeated->key + "\" appears twice in the header"
+                                              : "key \"" + repeated->key + "\" appears twice in one object of the header"));
   if (!h.is_object()) throw Error(where + "header is not a JSON object");
 
   const uint8_t* data = raw.data() + 8 + n;

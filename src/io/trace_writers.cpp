@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comet/error.h"
+#include "io/json_text.h"
 
 namespace comet {
 
@@ -276,11 +277,8 @@ std::string chrome_trace_json(const Trace& t) {
   std::ostringstream os;
   nlohmann::json other = {{"title", t.title}, {"world", t.world}, {"dropped_events", t.dropped_events}};
   if (!t.layer_comm_lanes.empty()) other["comm_lanes_per_layer"] = t.layer_comm_lanes;
-  // The title and lane names may hold bytes that are not UTF-8 (a device name): replaced
-  // (U+FFFD), not refused after the traced run.
-  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
-  os << "{\"displayTimeUnit\":\"ns\",\"otherData\":" << other.dump(-1, ' ', false, kReplace)
-     << ",\"traceEvents\":[\n";
+  // The title and lane names may hold bytes that are not UTF-8 (a device name): json_text.
+  os << "{\"displayTimeUnit\":\"ns\",\"otherData\":" << json_text(other) << ",\"traceEvents\":[\n";
   bool first = true;
   auto next = [&]() -> std::ostream& {
     if (!first) os << ",\n";
@@ -315,7 +313,7 @@ std::string chrome_trace_json(const Trace& t) {
   }
   for (const auto& [key, name] : threads) {
     next() << "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" << key.first << ",\"tid\":" << key.second
-           << ",\"args\":{\"name\":" << nlohmann::json(name).dump(-1, ' ', false, kReplace) << "}}";
+           << ",\"args\":{\"name\":" << json_text(nlohmann::json(name)) << "}}";
     next() << "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":" << key.first << ",\"tid\":" << key.second
            << ",\"args\":{\"sort_index\":" << key.second << "}}";
   }
@@ -352,21 +350,19 @@ std::string timeline_svg(const Trace& t, const TimelineOptions& o, TimelineStats
   return os.str();
 }
 
-std::string trace_svg_path(const std::string& json_path) {
-  std::string svg_path = json_path;
-  const std::string suffix = ".json";
-  if (svg_path.size() > suffix.size() && svg_path.compare(svg_path.size() - suffix.size(), suffix.size(), suffix) == 0)
-    svg_path.resize(svg_path.size() - suffix.size());
-  return svg_path + ".svg";
+namespace {
+// json_path less a trailing ".json" (a path that is only ".json" is kept whole).
+std::string json_stem(const std::string& json_path) {
+  const std::string json = ".json";
+  return json_path.size() > json.size() && json_path.ends_with(json) ? json_path.substr(0, json_path.size() - json.size())
+                                                                     : json_path;
 }
+}  // namespace
+
+std::string trace_svg_path(const std::string& json_path) { return json_stem(json_path) + ".svg"; }
 
 std::string trace_path_with_suffix(const std::string& json_path, const std::string& suffix) {
-  if (suffix.empty()) return json_path;
-  std::string stem = json_path;
-  const std::string json = ".json";
-  if (stem.size() > json.size() && stem.compare(stem.size() - json.size(), json.size(), json) == 0)
-    stem.resize(stem.size() - json.size());
-  return stem + suffix + json;
+  return suffix.empty() ? json_path : json_stem(json_path) + suffix + ".json";
 }
 
 std::string trace_rank_suffix(int rank) { return "-rank" + std::to_string(rank); }

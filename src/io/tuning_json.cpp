@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_text.h"
+
 namespace comet::io {
 
 namespace {
@@ -31,46 +33,25 @@ std::string tuning_table_json(const TuningTable& table) {
                        {"dispatch_order", dispatch_order_name(e.layer0.order)},
                        {"layer1_combine", layer1_combine_name(e.layer1_combine)}});
   }
-  // The GPU name is the driver's bytes, not always UTF-8: replaced (U+FFFD), not refused after
-  // the whole sweep ran.
-  const nlohmann::json j{{"format", kTuningFormat}, {"entries", entries}};
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  // The GPU name is the driver's bytes, not always UTF-8 (json_text).
+  return json_text(nlohmann::json{{"format", kTuningFormat}, {"entries", entries}}, 2) + "\n";
 }
 
 TuningTable parse_tuning_table(const std::string& text, const std::string& origin) {
   // nlohmann keeps the last of repeated keys, so `"n_comm0": 8, ..., "n_comm0": 16` would drop
-  // the 8 without a word: the first repeated key is found while parsing, with its entry.
-  std::vector<std::set<std::string>> keys;  // of every object being parsed, outermost first
-  std::string top_key;                      // the last key of the outermost object
-  int entry = -1;                           // index of the entry being parsed
-  std::string repeated;
-  int repeated_entry = -1;
-  const auto find_repeats = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    if (event == Event::object_start) {
-      if (keys.size() == 1 && top_key == "entries") ++entry;
-      keys.emplace_back();
-    } else if (event == Event::object_end) {
-      keys.pop_back();
-    } else if (event == Event::key) {
-      const std::string key = parsed.get<std::string>();
-      if (keys.size() == 1) top_key = key;
-      if (repeated.empty() && !keys.back().insert(key).second) {
-        repeated = key;
-        repeated_entry = keys.size() == 1 ? -1 : entry;
-      }
-    }
-    return true;
-  };
+  // the 8 without a word.
+  std::optional<RepeatedJsonKey> repeated;
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text, find_repeats);
+    j = parse_json_unique_keys(text, repeated);
   } catch (const nlohmann::json::exception& e) {
     throw Error("tuning table " + origin + ": not JSON (" + e.what() + ")");
   }
-  COMET_CHECK(repeated.empty(), "tuning table " << origin
-                                                << (repeated_entry >= 0 ? " entry " + std::to_string(repeated_entry) : "")
-                                                << ": key \"" << repeated << "\" appears twice");
+  if (repeated) {
+    const bool in_entry = repeated->depth > 1 && repeated->top_key == "entries";
+    throw Error("tuning table " + origin + (in_entry ? " entry " + std::to_string(repeated->top_index) : "") +
+                ": key \"" + repeated->key + "\" appears twice");
+  }
   // Types first: j.value("format", "") throws nlohmann's own error, without the file name, when
   // "format" is there but not a string.
   COMET_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&

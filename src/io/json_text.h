@@ -1,0 +1,30 @@
+// io/json_text.h: JSON as the project writes and reads it (reports, tuning tables, traces,
+// safetensors headers).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace comet::io {
+
+// `j` as text (`indent` as nlohmann's dump: -1 is one line). Bytes that are not UTF-8 (a device
+// name, a path as the user typed it) are replaced by U+FFFD: nlohmann would throw for them, and
+// only after the work whose result is being written.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
+// A key that appears twice in one object. nlohmann keeps the last of them and drops the others
+// without a word, so a reader whose file must not lose a setting refuses it.
+struct RepeatedJsonKey {
+  std::string key;
+  int depth = 0;        // of the object that holds it: 1 is the outermost
+  std::string top_key;  // the outermost object's key whose value holds it (depth > 1)
+  int top_index = -1;   // which object of that value: 0 for an object, its index among the
+                        // objects of an array
+};
+
+// nlohmann::json::parse(text) (its exceptions included), and the first repeated key, if any.
+nlohmann::json parse_json_unique_keys(const std::string& text, std::optional<RepeatedJsonKey>& repeated);
+
+}  // namespace comet::io
