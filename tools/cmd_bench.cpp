@@ -98,7 +98,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
 // Model names and token counts are checked before the GPU starts; then the GPU itself.
 void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens,
                         const std::string& command, const std::vector<std::pair<int, int>>& layouts,
-                        int max_world) {
+                        bool ranks_run) {
   std::vector<ModelShape> shapes;
   for (const auto& m : models) {
     try {
@@ -115,11 +115,11 @@ void check_bench_inputs(const std::vector<std::string>& models, const std::vecto
   // sweep when it reaches it, after the rows before it ran.
   const int max_tokens = tokens.empty() ? 1 : *std::max_element(tokens.begin(), tokens.end());
   for (const auto& [ep, tp] : layouts) {
-    if (int64_t(ep) * tp > max_world)
+    if (ranks_run && int64_t(ep) * tp > kMaxRanks)
       throw UsageError("EP " + std::to_string(ep) + " x TP " + std::to_string(tp) + " is more than " +
-                       std::to_string(max_world) + " ranks");
+                       std::to_string(kMaxRanks) + " ranks");
     for (const ModelShape& m : shapes) {
-      if (int64_t(ep) * tp > kMaxWorldSize) {  // bench gemm: rank 0's expert shapes, no ranks run
+      if (!ranks_run) {  // bench gemm: rank 0's expert shapes, whatever the world
         if (m.num_experts % ep != 0)
           throw UsageError(m.name + " at EP " + std::to_string(ep) + " x TP " + std::to_string(tp) + ": " +
                            std::to_string(m.num_experts) + " experts are not divisible by EP=" + std::to_string(ep));
@@ -282,7 +282,7 @@ int bench_gemm_command(const BenchOptions& o) {
   // A preset whose experts --ep does not divide would stop the sweep when it reaches it, after
   // the presets before it ran. Only rank 0's shapes are timed, no ranks run: --ep's own range
   // (up to one expert per rank) is the only bound on the ranks.
-  check_bench_inputs(o.models, o.tokens, "comet bench", {{o.ep, 1}}, o.ep);
+  check_bench_inputs(o.models, o.tokens, "comet bench", {{o.ep, 1}}, /*ranks_run=*/false);
 #ifdef COMET_HAVE_CUDA
   const cuda::DeviceInfo info = cuda::query_device_info();
   bench::GemmBenchOptions bo;

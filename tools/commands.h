@@ -97,11 +97,12 @@ struct BenchLayerOptions {
 LinkEmulation parse_emulate_link_option(const std::string& value);
 // Presets, token counts and (EP, TP) layouts of a GPU command, every model with every layout
 // (UsageError naming the option and the reason, before any GPU work), then that a GPU is there
-// (UsageError naming `command`). No layouts: only models and tokens. A layout may have at most
-// `max_world` ranks.
+// (UsageError naming `command`). No layouts: only models and tokens. `ranks_run`: the command runs
+// the layout's ranks, which LayerConfig::validate() must accept (at most kMaxRanks of them);
+// false (bench gemm times rank 0's expert shapes only): each E divisible by EP is all.
 void check_bench_inputs(const std::vector<std::string>& models, const std::vector<int>& tokens,
                         const std::string& command, const std::vector<std::pair<int, int>>& layouts = {},
-                        int max_world = kMaxRanks);
+                        bool ranks_run = true);
 
 // comet tune: n_comm sweep -> tuning table (tools/cmd_tune.cpp). Needs a GPU.
 struct TuneOptions {
