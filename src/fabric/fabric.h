@@ -121,8 +121,6 @@ class Fabric {
   // rank r is not driven by this process (its ranks are a..b of W)").
   void check_local(int rank, const char* what) const;
 
- protected:
-
  private:
   // all_to_all_v() after its arguments were checked.
   virtual void run_all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream) = 0;
