@@ -250,8 +250,12 @@ struct GroupedGemmKernel {
                                    const AfterTiles& after_tiles = {}, const Helper& helper = {}) {
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
     const int thread_idx = int(threadIdx.x);
-    const int warp_group = thread_idx / 128;
-    const int warp_in_group = (thread_idx / 32) % 4;
+    // Read from lane 0 so that ptxas knows them uniform in each warp: a branch on a warpgroup
+    // index it must treat as divergent (the half-tile skip below) moved the pipeline state out of
+    // uniform registers for the whole mainloop: 8-18% more instructions in every cooperative
+    // kernel (docs/results/2026-12-01-uniform-warpgroup-index.md).
+    const int warp_group = __shfl_sync(~0u, thread_idx / 128, 0);
+    const int warp_in_group = __shfl_sync(~0u, (thread_idx / 32) % 4, 0);
 
     if (thread_idx == 0) Mainloop::prefetch_tma_descriptors(p.mainloop);
 
