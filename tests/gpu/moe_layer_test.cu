@@ -181,8 +181,9 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
 }
 
 // Misuse the host can see is refused by name before anything is enqueued, and the layer runs
-// normally afterwards: tensors that are null, host memory or misaligned, an unbounded timeout,
-// a second layer reallocating the fabric's heap, a current device other than the ranks' GPU.
+// normally afterwards: tensors that are null, host memory or misaligned (16-byte rows, 4-byte
+// routing and counts), an unbounded timeout, a second layer reallocating the fabric's heap, a
+// current device other than the ranks' GPU.
 TEST(MoeLayer, MisusedTensorsOptionsAndFabricAreRefusedByName) {
   COMET_REQUIRE_GPU();
   LayerRig rig(LayerCase{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7});
@@ -197,6 +198,9 @@ TEST(MoeLayer, MisusedTensorsOptionsAndFabricAreRefusedByName) {
   bad = good;
   bad[1].y = static_cast<char*>(good[1].y) + 2;  // one bf16 element in
   EXPECT_TRUE(refused(bad, {"rank 1's y is not 16-byte aligned"}));
+  bad = good;
+  bad[1].num_tokens = reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(good[1].num_tokens) + 2);
+  EXPECT_TRUE(refused(bad, {"rank 1's num_tokens is not 4-byte aligned"}));
   std::vector<uint16_t> host_y(size_t(rig.config.max_tokens_per_rank) * rig.config.model.hidden);
   bad = good;
   bad[0].y = host_y.data();
