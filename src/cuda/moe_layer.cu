@@ -691,7 +691,16 @@ struct MoeLayer::Impl {
       owner_reduce(ranks.data(), inputs.data(), int(ranks.size()), stream);
     } catch (...) {
       if (fused_kernels) {
+        // Every group's enqueued work ends first (each wait has its timeout): a group still
+        // running could signal into counters another group's reset has already zeroed.
         cudaStreamSynchronize(stream);
+        if (group_streams) {
+          int saved = -1;
+          cudaGetDevice(&saved);
+          for (const Group& g : groups)
+            if (cudaSetDevice(g.device) == cudaSuccess) cudaStreamSynchronize(g.stream);
+          if (saved >= 0) cudaSetDevice(saved);
+        }
         reset_epochs(stream);
       }
       throw;
