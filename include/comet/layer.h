@@ -197,8 +197,9 @@ class MoeLayer {
   void run_part(Part part, CUstream_st* stream);
   void forward(const std::vector<RankTensors>& ranks, CUstream_st* stream);
   // Waits for `stream`, then throws comet::Error describing the first recorded device error in
-  // rank order; a barrier timeout only when no rank recorded another error (a rank stuck on a
-  // missing signal also keeps its peers waiting in the next barrier; its own record names why).
+  // rank order (comet::TimeoutError when it is a wait that timed out, with no bad input behind
+  // it); a barrier timeout only when no rank recorded another error (a rank stuck on a missing
+  // signal also keeps its peers waiting in the next barrier; its own record names why).
   void check(CUstream_st* stream);
   // The timeline of the last forward() with LayerOptions::trace (call check() first): one event
   // per GEMM tile, producer wait that took time, communication chunk and communication wait of

@@ -1150,6 +1150,8 @@ void MoeLayer::check(CUstream_st* stream) {
   // for a weight, runs as usual): only a timeout needs the reset.
   if (timed_out) m.reset_epochs(stream);
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // A stuck signal (no bad input behind it) is a TimeoutError, as the fabrics' waits are.
+  if (input.empty()) throw TimeoutError("MoeLayer: " + first);
   throw Error("MoeLayer: " + first);
 }
 

@@ -67,20 +67,29 @@ __device__ __forceinline__ void record_timeout(DeviceError* error, const WaitSit
   __threadfence_system();
 }
 
-// One thread spins until *flag >= target (acquire). Returns false on timeout or when another
-// waiter already timed out (the caller then proceeds without the data; the host reports).
+// One thread spins until *flag >= target (acquire). Returns false when the flag has not moved
+// for timeout_ns (docs/protocol.md: a wait fails only on no progress, as on the CPU backend) or
+// when another waiter already timed out (the caller then proceeds without the data; the host
+// reports).
 template <bool kSystemScope = false>
 __device__ bool wait_at_least(const uint64_t* flag, uint64_t target, uint64_t timeout_ns,
                               DeviceError* error, const WaitSite& site) {
   auto load = [&] { return kSystemScope ? ld_acquire_sys(flag) : ld_acquire_gpu(flag); };
   uint64_t seen = load();
   if (seen >= target) return true;
-  const uint64_t start = globaltimer_ns();
+  // Movement is told by the low word alone (one register fewer across the loop: the producer
+  // warps that wait here run on few registers); it cannot wrap 2^32 between two polls.
+  uint32_t last = uint32_t(seen);
+  uint64_t moved_at = globaltimer_ns();
   while (true) {
     seen = load();
     if (seen >= target) return true;
     if (*reinterpret_cast<volatile int32_t*>(&error->claimed) != 0) return false;
-    if (globaltimer_ns() - start > timeout_ns) {
+    const uint64_t now = globaltimer_ns();
+    if (uint32_t(seen) != last) {
+      last = uint32_t(seen);
+      moved_at = now;
+    } else if (now - moved_at > timeout_ns) {
       record_timeout(error, site, target, seen);
       return false;
     }

@@ -55,8 +55,9 @@ inline ::testing::AssertionResult near_oracle(const std::vector<std::vector<floa
 }
 
 // With `options` (fused) and rank `stall_rank`'s communication blocks idle, the forward times
-// out: check() names the rank, layer0 and the signal. The same options without the stall then
-// give the oracle's output: the layer stays usable. `d` holds the inputs of `p` (every local rank).
+// out: check() throws TimeoutError naming the rank, layer0 and the signal. The same options
+// without the stall then give the oracle's output: the layer stays usable. `d` holds the inputs
+// of `p` (every local rank).
 inline void expect_withheld_rank_times_out_then_recovers(MoeLayer& layer, cuda::DeviceProblem& d,
                                                          const MoeProblem& p, LayerOptions options,
                                                          int stall_rank) {
@@ -67,7 +68,7 @@ inline void expect_withheld_rank_times_out_then_recovers(MoeLayer& layer, cuda::
   try {
     layer.check(nullptr);
     ADD_FAILURE() << "a withheld rank did not time out";
-  } catch (const Error& e) {
+  } catch (const TimeoutError& e) {  // a stuck signal, not bad input
     const std::string m = e.what();
     EXPECT_NE(m.find("rank " + std::to_string(stall_rank)), std::string::npos) << m;
     EXPECT_NE(m.find("layer0"), std::string::npos) << m;
