@@ -107,7 +107,12 @@ struct LayerOptions {
   // be paced to an emulated link (`link`): with link emulation on, a table's kGemmBlocks is not
   // taken.
   std::optional<Layer1Combine> layer1_combine;
-  double timeout_s = 5.0;  // every device-side wait
+  // Half tiles in the cooperative GEMMs: the second warpgroup of an expert's last M tile skips
+  // its MMAs when all its rows lie past the expert (docs/gemm.md "Rows past an expert's end").
+  // Unset: comet/plan.h default_half_tiles, on for long experts (COMET_HALF_TILES=0 or 1 in the
+  // environment overrides that default). The output is bitwise the same either way.
+  std::optional<bool> half_tiles;
+  double timeout_s = 5.0;  // every device-side wait: fails when its signal has not moved for this long
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
   // Record the fused kernels' timeline (needs path kFused): per block, every GEMM tile, the GEMM
   // producer's waits, and the communication chunks and waits (docs/gpu_layer.md "Timeline");

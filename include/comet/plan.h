@@ -150,6 +150,14 @@ Layer0Schedule build_layer0_schedule(const LayerConfig& config, const DispatchPl
 // one (measured: 2 stages at W = 8 on one H200, 1 at W = 2 on two; docs/gpu_layer.md).
 inline constexpr int kSourcesPerLayer0Stage = 4;
 int default_layer0_stages(int world);
+// Whether the GPU layer's cooperative GEMMs skip the second warpgroup of an expert's last M
+// tile when its rows all lie past the expert's end ("half tiles", docs/gemm.md). They pay when
+// an expert holds many M tiles (the skip can remove a wave); with few, the tiles that end early
+// stop the tiles sharing an operand from running in step, and the L2 misses cost more
+// (deepseek-v3 at 256 rows per expert: 3% of compute-only). The default: on when the expected
+// rows per routed expert at T_max, W * T_max * topk / E, are at least kHalfTileMinExpertRows.
+inline constexpr int kHalfTileMinExpertRows = 512;
+bool default_half_tiles(const LayerConfig& config);
 Layer1Schedule build_layer1_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst);
 
 // A piece of communication work: positions [pos_begin, pos_end) of the send list peer->rank.

@@ -71,6 +71,13 @@ int default_layer0_stages(int world) {
   return (world + kSourcesPerLayer0Stage - 1) / kSourcesPerLayer0Stage;
 }
 
+bool default_half_tiles(const LayerConfig& config) {
+  const int64_t experts = config.model.routed_experts();
+  COMET_CHECK(experts >= 1, "default_half_tiles: no routed experts");
+  const int64_t rows = int64_t(config.layout.world) * config.max_tokens_per_rank * config.model.topk;
+  return rows >= int64_t(kHalfTileMinExpertRows) * experts;
+}
+
 Layer1Schedule build_layer1_schedule(const LayerConfig& config, const DispatchPlan& plan, int dst) {
   check_same_layer(config, plan, "build_layer1_schedule");
   Layer1Schedule s;

@@ -448,18 +448,19 @@ __device__ void write_tile_lists(const DevicePlanArgs& a, const PlanShape& s, in
   // expert_offset[e] = 128 x the M tiles before expert e: the largest e with expert_offset[e]
   // <= 128 m holds M tile m.
   auto expert_of = [&](int m) { return find_range(plan.expert_offset, E, int64_t(m) * kGemmBlockM); };
+  auto tile_rows = [&](int m) { return a.half_tiles ? plan.m_tile_rows[m] : kGemmBlockM; };
 #pragma unroll 1
   for (int i = thread; i < num_m * s.n_blocks0; i += threads) {
     int q, n;
     raster_tile(TileOrder::kRowMajor, a.layer0_group_m, i, num_m, s.n_blocks0, q, n);
     const int m = plan.layer0_order[q];
-    plan.tiles0[i] = make_gemm_tile(m * kGemmBlockM, n, expert_of(m), m * kGemmBlockM + plan.m_tile_rows[m], m);
+    plan.tiles0[i] = make_gemm_tile(m * kGemmBlockM, n, expert_of(m), m * kGemmBlockM + tile_rows(m), m);
   }
 #pragma unroll 1
   for (int i = thread; i < num_m * s.n_blocks1; i += threads) {
     int m, n;
     raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, i, num_m, s.n_blocks1, m, n);
-    plan.tiles1[i] = make_gemm_tile(m * kGemmBlockM, n, expert_of(m), m * kGemmBlockM + plan.m_tile_rows[m], m);
+    plan.tiles1[i] = make_gemm_tile(m * kGemmBlockM, n, expert_of(m), m * kGemmBlockM + tile_rows(m), m);
   }
 }
 

@@ -121,6 +121,9 @@ struct DevicePlanArgs {
   // Stages of the layer0 order (Layer0Schedule, include/comet/plan.h); 0: W. Fewer stages read
   // each expert's weights fewer times; more let tiles start on fewer arrived sources.
   int layer0_stages = 0;
+  // Whether the tile lists carry each expert's rows in its last M tile (half tiles, comet/plan.h
+  // default_half_tiles); false: every tile whole.
+  bool half_tiles = true;
   // Columns of layer1's column blocks: GEMM1's tile width (256 cooperative, 128 ping-pong). The
   // tile list (in combine groups of combine_group_blocks(width)) and the column signals follow.
   int layer1_width = 256;

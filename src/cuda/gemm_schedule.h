@@ -49,7 +49,7 @@ COMET_HOST_DEVICE inline int find_range(const int32_t* psum, int n, int64_t v) {
 }
 
 // The `cluster` entries of unit u (u below gemm_schedule_prefixes' count) into unit[0..cluster).
-// rows_per_expert gives each tile's `rows`.
+// rows_per_expert gives each tile's `rows`; null: every tile counts as whole (no half tiles).
 COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_per_expert, const int32_t* row_psum,
                                                  const int32_t* unit_psum, const int32_t* tail_psum, int num_experts,
                                                  int num_n_blocks, int cluster, TileOrder order, GemmTile* unit) {
@@ -62,7 +62,7 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
     raster_tile(order, group, u, units_m, num_n_blocks, mu, n);
     const int e = find_range(unit_psum, num_experts, mu);
     const int first_row = row_psum[e] + (mu - unit_psum[e]) * cluster * kGemmBlockM;
-    const int row_end = row_psum[e] + rows_per_expert[e];
+    const int row_end = rows_per_expert != nullptr ? row_psum[e] + rows_per_expert[e] : INT32_MAX;
     for (int r = 0; r < cluster; ++r) {
       const int m_row = first_row + r * kGemmBlockM;
       unit[r] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
@@ -71,7 +71,7 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
   }
   const int64_t v = u - grid_units;
   const int e = find_range(tail_psum, num_experts, v);
-  const int row_end = row_psum[e] + rows_per_expert[e];
+  const int row_end = rows_per_expert != nullptr ? row_psum[e] + rows_per_expert[e] : INT32_MAX;
   const int m_row = row_psum[e + 1] - kGemmBlockM, n = 2 * int(v - tail_psum[e]);
   unit[0] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
   unit[1] = make_gemm_tile(m_row, n + 1 < num_n_blocks ? n + 1 : n, e, row_end, m_row / kGemmBlockM);

@@ -258,11 +258,12 @@ int64_t gemm_split_partial_floats(GemmKernel kernel, const GemmSplit& split);
 // is empty (a refused plan's rows are not in place). `split` (no clusters): cut the last wave's
 // tiles along K where gemm_split_plan says it pays (cuda/gemm_schedule.h), writing each entry's
 // piece to `pieces` (capacity entries); the launch then needs them and the split workspace
-// (GroupedGemmArgs).
+// (GroupedGemmArgs). `half_tiles` false: every tile's `rows` is kGemmBlockM, so no warpgroup
+// skips (comet/plan.h, default_half_tiles).
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
                       CUstream_st* stream, const int32_t* accepted = nullptr, const GemmSplit& split = {},
-                      GemmSplitPiece* pieces = nullptr);
+                      GemmSplitPiece* pieces = nullptr, bool half_tiles = true);
 
 // Host helper: pack gate [E][k][n] and up [E][k][n] (row-major, x W convention) into the
 // SwiGLU B layout above, as bf16 bits. The plain weight [E][k][n] -> [E][n][k] transpose

@@ -29,9 +29,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <string_view>
 
 #include "comet/cost_model.h"
 #include "comet/layer.h"
@@ -70,6 +72,19 @@ constexpr int kFusedLayer0GroupM = 4;
 // Why layer1's combine cannot run in the GEMM blocks under link emulation (LayerOptions::link):
 // an option asking for it is refused with this, a table entry falls back to communication blocks.
 constexpr const char* kGemmCombineUnpaced = "it cannot be paced to an emulated link (link emulation is on)";
+
+// The layer's default half tiles (comet/plan.h default_half_tiles), or COMET_HALF_TILES=0 / 1 in
+// the environment (read once) to compare the two on one binary; LayerOptions::half_tiles wins.
+bool layer_half_tiles(const LayerConfig& config) {
+  static const int forced = [] {
+    const char* v = std::getenv("COMET_HALF_TILES");
+    if (v == nullptr) return -1;
+    const std::string_view s(v);
+    COMET_CHECK(s == "0" || s == "1", "COMET_HALF_TILES must be 0 or 1, got '" << s << "'");
+    return s == "1" ? 1 : 0;
+  }();
+  return forced >= 0 ? forced == 1 : default_half_tiles(config);
+}
 
 // The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
 // without signals, in blocks of kWarpsPerBlock warps.
@@ -187,6 +202,8 @@ struct MoeLayer::Impl {
   // and meet the other GPUs' in barrier kernels. Otherwise every rank runs on the caller's
   // stream and stream order is the barrier.
   bool group_streams = false;
+  bool default_half_tiles = true;  // layer_half_tiles(config), unless options say otherwise
+  bool half_tiles() const { return options.half_tiles.value_or(default_half_tiles); }
   std::map<int, cudaEvent_t> fork_events;  // per device of a caller's stream
   std::string unusable;                     // why forward() refuses (after a multi-process error)
   bool have_weights() const {  // every local rank's
@@ -435,6 +452,7 @@ struct MoeLayer::Impl {
       a.error = k.input_error();
       a.layer0_group_m = layer0_group_m();
       a.layer0_stages = layer0_stages();
+      a.half_tiles = half_tiles();
       a.layer1_width = layer1_col_width();
       if (signals == Signals::kOn) {
         uint64_t* e = k.epochs;
@@ -497,7 +515,7 @@ struct MoeLayer::Impl {
       cuda::build_gemm_tiles(k.plan.expert_rows, g.num_experts, unfused_n_blocks[layer], g.kernel,
                              layer == 0 ? cuda::TileOrder::kRowMajor : cuda::TileOrder::kColumnBlockMajor,
                              k.unfused_tiles[layer], k.unfused_num_tiles + layer, unfused_capacity[layer], s,
-                             k.plan.counts + 2);  // a refused plan: no tiles, as in its own schedule
+                             k.plan.counts + 2, {}, nullptr, half_tiles());  // a refused plan: no tiles
       cuda::run_grouped_gemm(g, s);
     }
   }
@@ -857,6 +875,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     ++m.groups.back().count;
   }
   m.group_streams = m.groups.size() > 1 || local < W;
+  m.default_half_tiles = layer_half_tiles(m.config);
   // Collective, before the heap: ranks that built different layers would otherwise fail later
   // and less clearly (a heap size, a timeout, wrong output).
   m.fabric.agree(config_fingerprint(m.config), "the MoeLayer's config", m.config.describe());

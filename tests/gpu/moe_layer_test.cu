@@ -10,6 +10,7 @@
 
 #include "comet/dtype.h"
 #include "comet/layer.h"
+#include "comet/plan.h"
 #include "comet/problem.h"
 #include "captured_forward.h"
 #include "checkpoint_weights.h"
@@ -66,6 +67,31 @@ TEST(MoeLayer, AutoUnfusedGemmsMatchTheOracleAndTheDefaultBitwise) {
     rig.layer.check(nullptr);
     EXPECT_EQ(rig.forward(o), got) << "after the kAuto compute-only part";
   }
+}
+
+// LayerOptions::half_tiles changes which warpgroups compute, never what is stored: on and off,
+// fused and unfused, the outputs are bitwise equal and match the oracle. The case's experts
+// (about 150 rows each) end in M tiles of at most 64 rows, where half tiles skip.
+TEST(MoeLayer, HalfTilesOnAndOffGiveTheSameOutput) {
+  COMET_REQUIRE_GPU();
+  const LayerCase lc{"mixtral-8x7b", 16, 2, 1, 320, {300, 290}, {}, 11};
+  LayerRig rig(lc);
+  const DispatchPlan plan(rig.config, rig.problem.routing);
+  int skipped = 0;
+  for (int r = 0; r < 2; ++r)
+    for (int e = 0; e < plan.experts_per_rank(); ++e) skipped += plan.expert_rows(r, e) % 128 > 0 && plan.expert_rows(r, e) % 128 <= 64;
+  ASSERT_GT(skipped, 0) << "no expert ends in a tile of at most 64 rows: the case tests nothing";
+  LayerOptions o;
+  o.path = ForwardPath::kFused;
+  o.half_tiles = true;
+  const auto want = rig.forward(o);
+  EXPECT_TRUE(testing::near_oracle(want, ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
+  o.half_tiles = false;
+  EXPECT_EQ(rig.forward(o), want) << "fused, half tiles off";
+  o.path = ForwardPath::kUnfused;
+  EXPECT_EQ(rig.forward(o), want) << "unfused, half tiles off";
+  o.half_tiles = true;
+  EXPECT_EQ(rig.forward(o), want) << "unfused, half tiles on";
 }
 
 TEST(MoeLayer, NewRoutingAndTokenCountsWithoutReallocation) {

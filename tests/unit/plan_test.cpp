@@ -421,6 +421,26 @@ TEST(Layer0Stages, DefaultIsOneStagePerFourSources) {
   EXPECT_THROW(default_layer0_stages(0), Error);
 }
 
+// Half tiles where experts are long at T_max: mixtral (2048 rows per expert at 1024 tokens, W 8),
+// qwen3 (512), qwen2 (546); not deepseek-v3 at 1024 tokens (256), which they made slower.
+TEST(HalfTiles, DefaultFollowsTheExpectedRowsPerExpert) {
+  auto config = [](const std::string& model, int tokens) {
+    LayerConfig c;
+    c.model = ModelPresets::get(model);
+    c.layout = ParallelLayout{8, 8, 1};
+    c.max_tokens_per_rank = tokens;
+    return c;
+  };
+  EXPECT_TRUE(default_half_tiles(config("mixtral-8x7b", 1024)));
+  EXPECT_TRUE(default_half_tiles(config("qwen3-30b-a3b", 1024)));
+  EXPECT_TRUE(default_half_tiles(config("qwen2-moe-2.7b", 1024)));
+  EXPECT_TRUE(default_half_tiles(config("phi-3.5-moe", 1024)));
+  EXPECT_FALSE(default_half_tiles(config("deepseek-v3", 1024)));
+  EXPECT_FALSE(default_half_tiles(config("deepseek-v3", 2047)));  // 511.75 rows per expert
+  EXPECT_TRUE(default_half_tiles(config("deepseek-v3", 2048)));
+  EXPECT_TRUE(default_half_tiles(config("deepseek-v3", 4096)));
+}
+
 TEST(PlanBadRouting, GoodRoutingBuilds) {
   const LayerConfig c = bad_config();
   EXPECT_NO_THROW(DispatchPlan(c, good_routing(c)));
