@@ -26,6 +26,9 @@
 // Determinism comes from scans and ballots (no atomics decide an order).
 #include <algorithm>
 #include <iterator>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include <cub/block/block_scan.cuh>
 
@@ -618,6 +621,9 @@ PlanShape plan_shape(const LayerConfig& c, int layer1_width) {
 // The layer1 column widths a launch may ask for: GEMM1's tile widths (ping-pong, cooperative).
 constexpr int kLayer1Widths[] = {128, 256};
 
+// The plan kernels' dynamic shared memory limit (check_plan_shape refuses shapes above it).
+constexpr size_t kPlanSmemLimit = 200 * 1024;
+
 size_t count_smem_bytes(const PlanShape& s) { return sizeof(int) * size_t(s.experts_per_rank + s.ep); }
 size_t place_smem_bytes(const PlanShape& s) { return sizeof(int) * size_t(2 * kChunkWarps + 1) * s.experts_per_rank; }
 
@@ -625,7 +631,7 @@ void check_plan_shape(const PlanShape& s) {
   // The placing kernel keeps a token's EP groups in a 64-bit mask.
   COMET_CHECK(s.world <= kMaxWorld, "build_device_plan: at most " << kMaxWorld << " ranks, got " << s.world);
   const size_t layout_smem = LayoutSmem::bytes(s), place_smem = place_smem_bytes(s);
-  COMET_CHECK(layout_smem <= 200 * 1024 && place_smem <= 200 * 1024,
+  COMET_CHECK(layout_smem <= kPlanSmemLimit && place_smem <= kPlanSmemLimit,
               "build_device_plan: " << std::max(layout_smem, place_smem) << " bytes of shared memory for W=" << s.world
                                     << " and E/EP=" << s.experts_per_rank << " is too much");
   // Implied by the shared-memory bound (68 bytes per local expert), stated for SlotIds.
@@ -693,16 +699,28 @@ DevicePlanView DevicePlanLayout::view(void* base) const {
 
 namespace {
 
+// Raises `kernel`'s shared memory limit on the current device to `bytes` when it is lower, never
+// lowers it. Set on every launch to that launch's size, the limit could be lowered by another
+// layer's plan, launched from another host thread, between this thread's set and its launch.
+void allow_plan_smem(const void* kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> allowed;  // (kernel, device) -> limit set
+  int device = 0;
+  COMET_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  size_t& limit = allowed[{kernel, device}];
+  if (bytes <= limit) return;
+  COMET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  limit = bytes;
+}
+
 // The chunk kernels in the instantiation for up to kSlots slots per token, then the layout.
 template <int kSlots>
 void launch_plan_kernels(const PlanShape& s, const DevicePlanArgs* args, int count, size_t count_smem,
                          size_t layout_smem, size_t place_smem, CUstream_st* stream) {
-  COMET_CUDA_CHECK(
-      cudaFuncSetAttribute(device_plan_count_kernel<kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(count_smem)));
-  COMET_CUDA_CHECK(
-      cudaFuncSetAttribute(device_plan_layout_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(layout_smem)));
-  COMET_CUDA_CHECK(
-      cudaFuncSetAttribute(device_plan_place_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(place_smem)));
+  allow_plan_smem(reinterpret_cast<const void*>(device_plan_count_kernel<kSlots>), count_smem);
+  allow_plan_smem(reinterpret_cast<const void*>(device_plan_layout_kernel), layout_smem);
+  allow_plan_smem(reinterpret_cast<const void*>(device_plan_place_kernel), place_smem);
   for (int first = 0; first < count; first += kPlanBatch) {
     PlanBatch batch{};
     const int n = std::min(kPlanBatch, count - first);
