@@ -128,8 +128,8 @@ struct DevicePlanArgs {
   // tile list (in combine groups of combine_group_blocks(width)) and the column signals follow.
   int layer1_width = 256;
   // Records bad input (token count above T_max, expert id out of range, an expert repeated
-  // within a token, rows beyond the buffers); a refused plan has no tiles, receives nothing and
-  // sends nothing.
+  // within a token, rows beyond the buffers: the plan is refused, with no tiles, receiving and
+  // sending nothing; a NaN or infinite routing weight: recorded, the plan runs as usual).
   DeviceError* error = nullptr;
   // Epoch signals of the fused kernels (optional; all four or none). Counters are never reset:
   // the plan kernel, which runs before the layer kernels of the same call in stream order,
