@@ -371,6 +371,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.layer0 = layer.layer0_mode().mode;
           row.epilogue_combine = epilogue_combine;
           row.layer1_combine = layer.layer1_combine().combine;
+          row.half_tiles = layer.half_tiles();
           row.n_comm_source = layer.n_comm().source;
           row.tuned_fused = tuned_path.fused;
           row.path_source = tuned_path.source;

@@ -88,6 +88,7 @@ struct LayerBenchRow {
   Layer0Mode layer0;  // how the fused forward's layer0 moved rows (as MoeLayer resolved it)
   bool epilogue_combine = true;  // LayerOptions::epilogue_combine of both forwards
   Layer1Combine layer1_combine = Layer1Combine::kCommBlocks;  // of both forwards (as MoeLayer resolved it)
+  bool half_tiles = true;  // the GEMMs' (MoeLayer::half_tiles(), of both forwards)
   std::string n_comm_source;
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;

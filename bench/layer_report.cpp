@@ -38,12 +38,12 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
        << (r.layer0_stages > 0 ? std::to_string(r.layer0_stages) : "auto") << std::setw(7)
        << unfused_gemms_name(r.unfused_gemms) << std::setw(7) << layer0_copies_name(r.layer0.copies)
        << std::setw(5) << dispatch_order_name(r.layer0.order) << std::setw(4) << on_off(r.epilogue_combine)
-       << std::setw(7) << layer1_combine_name(r.layer1_combine);
+       << std::setw(7) << layer1_combine_name(r.layer1_combine) << std::setw(4) << on_off(r.half_tiles);
   };
   const auto workload_header = [&os] {
     os << std::left << std::setw(16) << "model" << std::setw(15) << "routing" << std::right << std::setw(6) << "T"
        << std::setw(10) << "W(EPxTP)"
-       << std::setw(9) << "n_comm" << std::setw(5) << "gm0" << std::setw(5) << "st0" << std::setw(7) << "ugemm" << std::setw(7) << "cp0" << std::setw(5) << "or0" << std::setw(4) << "ec" << std::setw(7) << "cb1";
+       << std::setw(9) << "n_comm" << std::setw(5) << "gm0" << std::setw(5) << "st0" << std::setw(7) << "ugemm" << std::setw(7) << "cp0" << std::setw(5) << "or0" << std::setw(4) << "ec" << std::setw(7) << "cb1" << std::setw(4) << "ht";
   };
   // Times.
   workload_header();
@@ -126,7 +126,7 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
     nlohmann::json row = {{"model", r.model}, {"routing", r.routing}, {"fabric", r.fabric}, {"timed_rank", r.rank},
                           {"tokens_per_rank", r.tokens}, {"world", r.world}, {"ep", r.ep},
                           {"tp", r.tp}, {"n_comm0", r.n_comm0}, {"n_comm1", r.n_comm1},
-                          {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"layer0_stages", r.layer0_stages}, {"unfused_gemms", unfused_gemms_name(r.unfused_gemms)}, {"layer0_copies", layer0_copies_name(r.layer0.copies)}, {"dispatch_order", dispatch_order_name(r.layer0.order)}, {"epilogue_combine", r.epilogue_combine}, {"layer1_combine", layer1_combine_name(r.layer1_combine)}, {"flop", r.flop}, {"fused_us", r.fused_us},
+                          {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"layer0_stages", r.layer0_stages}, {"unfused_gemms", unfused_gemms_name(r.unfused_gemms)}, {"layer0_copies", layer0_copies_name(r.layer0.copies)}, {"dispatch_order", dispatch_order_name(r.layer0.order)}, {"epilogue_combine", r.epilogue_combine}, {"layer1_combine", layer1_combine_name(r.layer1_combine)}, {"half_tiles", r.half_tiles}, {"flop", r.flop}, {"fused_us", r.fused_us},
                           {"unfused_us", r.unfused_us}, {"compute_only_us", r.compute_us},
                           {"comm_only_us", r.comm_us}, {"plan_us", r.plan_us}, {"fused_gemms_only_us", r.fused_gemms_us}, {"fused_over_compute", r.fused_over_compute()},
                           {"fused_tflops", r.fused_tflops()}, {"fused_equals_unfused", r.fused_equals_unfused},

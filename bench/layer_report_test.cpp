@@ -103,6 +103,16 @@ TEST(LayerReport, RowsSayWhoRanLayer1sCombine) {
   EXPECT_EQ(j[1]["layer1_combine"].get<std::string>(), "gemm");
 }
 
+// Whether the GEMMs used half tiles (MoeLayer::half_tiles()): column `ht`, key `half_tiles`.
+TEST(LayerReport, RowsSayWhetherTheGemmsUsedHalfTiles) {
+  LayerBenchRow on = row(), off = row();
+  off.half_tiles = false;
+  EXPECT_EQ(column_of_two_rows(on, off, " ht"), std::make_pair(std::string(" on"), std::string("off")));
+  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({on, off}));
+  EXPECT_TRUE(j[0]["half_tiles"].get<bool>());
+  EXPECT_FALSE(j[1]["half_tiles"].get<bool>());
+}
+
 // The ranks of one GPU take turns (local fabric, W = 8 on two GPUs: four per GPU): the note
 // under the table says so, the link rate counts each rank's turn, and JSON carries the count.
 TEST(LayerReport, SeveralRanksPerGpuTakeTurns) {

@@ -185,6 +185,8 @@ class MoeLayer {
   // Who runs layer1's combine (LayerOptions::layer1_combine, else the nearest tuning-table
   // entry's, else communication blocks), and why.
   Layer1CombineChoice layer1_combine() const;
+  // Whether the GEMM tile lists use half tiles (LayerOptions::half_tiles, else the default).
+  bool half_tiles() const;
 
   // Benchmarks only. Deterministic pseudo-random weights (uniform, scale 1/sqrt(fan-in)) written
   // on the device: full-size presets have more weights than fit in host fp32.

@@ -979,6 +979,7 @@ NCommChoice MoeLayer::n_comm() const { return impl_->n_comm; }
 PathChoice MoeLayer::path() const { return impl_->path; }
 Layer0ModeChoice MoeLayer::layer0_mode() const { return impl_->layer0; }
 Layer1CombineChoice MoeLayer::layer1_combine() const { return impl_->layer1; }
+bool MoeLayer::half_tiles() const { return impl_->half_tiles(); }
 
 void MoeLayer::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;
