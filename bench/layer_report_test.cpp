@@ -83,14 +83,21 @@ std::pair<std::string, std::string> column_of_two_rows(const LayerBenchRow& a, c
   return {first.substr(column, header_field.size()), second.substr(column, header_field.size())};
 }
 
+// An on/off setting of a row (`field`): the table's column `header` reads on, then off, and the
+// JSON's `key` true, then false.
+void expect_on_off_column(bool LayerBenchRow::*field, const std::string& header, const std::string& key) {
+  LayerBenchRow on = row(), off = row();
+  on.*field = true;
+  off.*field = false;
+  EXPECT_EQ(column_of_two_rows(on, off, header), std::make_pair(std::string(" on"), std::string("off")));
+  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({on, off}));
+  EXPECT_TRUE(j[0][key].get<bool>());
+  EXPECT_FALSE(j[1][key].get<bool>());
+}
+
 // A row's LayerOptions::epilogue_combine: column `ec` of the table, key `epilogue_combine` of the JSON.
 TEST(LayerReport, RowsSayWhetherTheEpilogueCombined) {
-  LayerBenchRow on = row(), off = row();
-  off.epilogue_combine = false;
-  EXPECT_EQ(column_of_two_rows(on, off, " ec"), std::make_pair(std::string(" on"), std::string("off")));
-  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({on, off}));
-  EXPECT_TRUE(j[0]["epilogue_combine"].get<bool>());
-  EXPECT_FALSE(j[1]["epilogue_combine"].get<bool>());
+  expect_on_off_column(&LayerBenchRow::epilogue_combine, " ec", "epilogue_combine");
 }
 
 // A row's LayerOptions::layer1_combine: column `cb1` of the table, key `layer1_combine` of the JSON.
@@ -105,12 +112,7 @@ TEST(LayerReport, RowsSayWhoRanLayer1sCombine) {
 
 // Whether the GEMMs used half tiles (MoeLayer::half_tiles()): column `ht`, key `half_tiles`.
 TEST(LayerReport, RowsSayWhetherTheGemmsUsedHalfTiles) {
-  LayerBenchRow on = row(), off = row();
-  off.half_tiles = false;
-  EXPECT_EQ(column_of_two_rows(on, off, " ht"), std::make_pair(std::string(" on"), std::string("off")));
-  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({on, off}));
-  EXPECT_TRUE(j[0]["half_tiles"].get<bool>());
-  EXPECT_FALSE(j[1]["half_tiles"].get<bool>());
+  expect_on_off_column(&LayerBenchRow::half_tiles, " ht", "half_tiles");
 }
 
 // The ranks of one GPU take turns (local fabric, W = 8 on two GPUs: four per GPU): the note
