@@ -202,8 +202,8 @@ struct MoeLayer::Impl {
   // and meet the other GPUs' in barrier kernels. Otherwise every rank runs on the caller's
   // stream and stream order is the barrier.
   bool group_streams = false;
-  bool default_half_tiles = true;  // layer_half_tiles(config), unless options say otherwise
-  bool half_tiles() const { return options.half_tiles.value_or(default_half_tiles); }
+  bool config_half_tiles = true;  // layer_half_tiles(config), unless options say otherwise
+  bool half_tiles() const { return options.half_tiles.value_or(config_half_tiles); }
   std::map<int, cudaEvent_t> fork_events;  // per device of a caller's stream
   std::string unusable;                     // why forward() refuses (after a multi-process error)
   bool have_weights() const {  // every local rank's
@@ -875,7 +875,7 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     ++m.groups.back().count;
   }
   m.group_streams = m.groups.size() > 1 || local < W;
-  m.default_half_tiles = layer_half_tiles(m.config);
+  m.config_half_tiles = layer_half_tiles(m.config);
   // Collective, before the heap: ranks that built different layers would otherwise fail later
   // and less clearly (a heap size, a timeout, wrong output).
   m.fabric.agree(config_fingerprint(m.config), "the MoeLayer's config", m.config.describe());

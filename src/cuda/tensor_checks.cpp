@@ -33,7 +33,7 @@ bool same_pointers(const RankTensors& a, const RankTensors& b) {
          a.y == b.y;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
@@ -57,15 +57,15 @@ void RankTensorCheck::check(const std::vector<RankTensors>& in, const fabric::Fa
       COMET_CHECK(why.empty(), rules_.layer << ": rank " << r << "'s " << name << " " << why
                                             << " (tensors are device memory of the rank's GPU)");
     }
-    COMET_CHECK(!rules_.x_aligned || aligned16(t.x),
+    COMET_CHECK(!rules_.x_aligned || aligned(t.x, 16),
                 rules_.layer << ": rank " << r << "'s x is not 16-byte aligned (rows move 16 bytes at a time)");
-    COMET_CHECK(aligned16(t.y), rules_.layer << ": rank " << r << "'s y is not 16-byte aligned (" << rules_.y_why << ")");
+    COMET_CHECK(aligned(t.y, 16), rules_.layer << ": rank " << r << "'s y is not 16-byte aligned (" << rules_.y_why << ")");
     // Checked here, before anything of the call is enqueued: the publish kernel reads them as
     // 4-byte words (its own check would refuse a group after earlier groups' copies ran).
     const std::pair<const char*, const void*> words[] = {
         {"expert_ids", t.expert_ids}, {"weights", t.weights}, {"num_tokens", t.num_tokens}};
     for (const auto& [name, p] : words)
-      COMET_CHECK(reinterpret_cast<uintptr_t>(p) % 4 == 0,
+      COMET_CHECK(aligned(p, 4),
                   rules_.layer << ": rank " << r << "'s " << name << " is not 4-byte aligned (int32 / fp32 elements)");
   }
   if (locate) checked_ = in;
