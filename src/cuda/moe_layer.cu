@@ -35,8 +35,8 @@
 #include <map>
 #include <string_view>
 
-#include "comet/cost_model.h"
 #include "comet/layer.h"
+#include "comet/layer_choices.h"
 #include "comet/plan.h"
 #include "comet/workspace.h"
 #include "cuda/check.h"
@@ -69,10 +69,6 @@ constexpr int kOwnerReduceBlocksPerSm = 2;
 // The fused layer0's raster group height: its first wave then waits for the rows of this many
 // M tiles instead of kRasterGroupM (docs/results/ has the measurement).
 constexpr int kFusedLayer0GroupM = 4;
-// Why layer1's combine cannot run in the GEMM blocks under link emulation (LayerOptions::link):
-// an option asking for it is refused with this, a table entry falls back to communication blocks.
-constexpr const char* kGemmCombineUnpaced = "it cannot be paced to an emulated link (link emulation is on)";
-
 // The layer's default half tiles (comet/plan.h default_half_tiles), or COMET_HALF_TILES=0 / 1 in
 // the environment (read once) to compare the two on one binary; LayerOptions::half_tiles wins.
 bool layer_half_tiles(const LayerConfig& config) {
@@ -241,67 +237,17 @@ struct MoeLayer::Impl {
   // LayerOptions::epilogue_combine as it runs: the plan (combine list, row_combine) and GEMM1
   // (its epilogue's stores) must agree, so both ask this.
   bool epilogue_combine() const { return options.epilogue_combine && !options.link.on(); }
-  // Why the copies in the GEMM blocks cannot run (empty: they can): they cannot be paced, and
-  // a token row must fit their ring. An option asking for them is refused with it; a table
-  // entry asking for them falls back to communication blocks and says it.
-  std::string gemm_block_copies_refusal(const LinkEmulation& link) const {
-    if (link.on()) return "they cannot be paced to an emulated link (link emulation is on)";
-    if (!cuda::bulk_dispatch_fits(config.model.hidden))
-      return "a token row of hidden " + std::to_string(config.model.hidden) + " does not fit their ring, the " +
-             std::to_string(cuda::kDispatchRingBytes / 1024) + " KB copy ring";
-    return "";
-  }
-  // What the tuning key needs of the GPU (name, SMs), looked up once when the layer is made:
-  // options and tables change, the device does not.
-  cuda::DeviceInfo device_info;
+  // The GPU the choices are made for (LayerTarget, comet/layer_choices.h), set when the layer is
+  // made: options and tables change, the device does not.
+  LayerTarget target;
   // The path, the layer0 mode, the layer1 combine and n_comm from options, the tuning table
   // (nearest entry at T_max) or the defaults and the cost model.
   void resolve_choices() {
-    const bool tuned_path = options.path == ForwardPath::kTuned;
-    const bool n_comm_given = options.n_comm0 > 0 && options.n_comm1 > 0;
-    const bool mode_given = options.layer0_copies && options.dispatch_order;
-    const bool combine_given = options.layer1_combine.has_value();
-    if (!tuned_path) path = {options.path == ForwardPath::kFused, "options"};
-    if (tuned_path && !gated())
-      path = {false, std::string("unfused: the fused kernels fuse SwiGLU, the activation is ") +
-                         activation_name(config.model.activation)};
-    if (n_comm_given) n_comm = {options.n_comm0, options.n_comm1, "options"};
-    if (mode_given) layer0 = {{*options.layer0_copies, *options.dispatch_order}, "options"};
-    if (combine_given) layer1 = {*options.layer1_combine, "options"};
-    if (!tuned_path && n_comm_given && mode_given && combine_given) return;  // nothing to look up
-    const cuda::DeviceInfo& info = device_info;
-    const int gpus = fabric.gpus();  // Loopback 1: the virtual ranks share one GPU
-    const TuningKey key = tuning_key(config, info.name, info.num_sms, config.max_tokens_per_rank, gpus);
-    if (tuned_path && gated()) path = choose_path(&tuning, key);
-    if (!mode_given) {
-      layer0 = choose_layer0_mode(&tuning, key);
-      const std::string refusal = gemm_block_copies_refusal(options.link);
-      if (layer0.mode.copies == Layer0Copies::kGemmBlocks && !refusal.empty()) {
-        layer0.mode.copies = Layer0Copies::kCommBlocks;
-        layer0.source += " (communication blocks: " + refusal + ")";
-      }
-      if (options.layer0_copies) layer0.mode.copies = *options.layer0_copies;
-      if (options.dispatch_order) layer0.mode.order = *options.dispatch_order;
-    }
-    if (!combine_given) {
-      layer1 = choose_layer1_combine(&tuning, key);
-      if (layer1.combine == Layer1Combine::kGemmBlocks && options.link.on()) {
-        layer1.combine = Layer1Combine::kCommBlocks;
-        layer1.source += " (communication blocks: " + std::string(kGemmCombineUnpaced) + ")";
-      }
-    }
-    if (n_comm_given) return;
-    GpuSpec gpu = gpu_spec("H200");  // rates of the cost model; SMs from the device
-    gpu.num_sms = info.num_sms;
-    if (options.link.on()) gpu.link_gbps = options.link.gbps;  // the link the copies are paced to
-    const LayerCost cost = expected_layer_cost(config, config.max_tokens_per_rank, gpu);
-    n_comm = choose_n_comm(&tuning, key, config, cost, gpu);
-    if (n_comm.n_comm0 >= info.num_sms || n_comm.n_comm1 >= info.num_sms) {  // a table for another GPU size
-      n_comm = choose_n_comm(nullptr, key, config, cost, gpu);
-      n_comm.source += " (the nearest table entry asked for more blocks than this GPU has)";
-    }
-    if (options.n_comm0 > 0) n_comm.n_comm0 = options.n_comm0;
-    if (options.n_comm1 > 0) n_comm.n_comm1 = options.n_comm1;
+    const LayerChoices c = resolve_layer_choices(config, options, tuning, target);
+    path = c.path;
+    n_comm = c.n_comm;
+    layer0 = c.layer0;
+    layer1 = c.layer1;
   }
   int layer0_group_m() const {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
@@ -927,45 +873,24 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     }
   // The tuning key's GPU name and SM count, and the layer's grids, from the device of the first
   // local rank (with one process per GPU, this process's GPU, not device 0).
-  m.device_info = cuda::query_device_info(m.ranks[0].device);
-  COMET_CHECK(m.device_info.error.empty(), "MoeLayer: device " << m.ranks[0].device << ": " << m.device_info.error);
-  m.num_sms = m.device_info.num_sms;
+  const cuda::DeviceInfo info = cuda::query_device_info(m.ranks[0].device);
+  COMET_CHECK(info.error.empty(), "MoeLayer: device " << m.ranks[0].device << ": " << info.error);
+  m.num_sms = info.num_sms;
+  m.target.gpu = info.name;
+  m.target.num_sms = info.num_sms;
+  m.target.gpus = fabric.gpus();  // Loopback 1: the virtual ranks share one GPU
+  m.target.real_links = m.group_streams;
+  m.target.fabric = fabric.name();
+  if (!cuda::bulk_dispatch_fits(m.config.model.hidden))
+    m.target.copy_ring_refusal = "a token row of hidden " + std::to_string(m.config.model.hidden) +
+                                 " does not fit their ring, the " + std::to_string(cuda::kDispatchRingBytes / 1024) +
+                                 " KB copy ring";
   m.resolve_choices();
 }
 
 void MoeLayer::set_options(const LayerOptions& o) {
-  const int num_sms = impl_->num_sms;  // the layer's GPU, looked up when it was made
-  COMET_CHECK(o.n_comm0 >= 0 && o.n_comm0 < num_sms && o.n_comm1 >= 0 && o.n_comm1 < num_sms,
-              "MoeLayer: n_comm0 " << o.n_comm0 << " and n_comm1 " << o.n_comm1 << " must be in [0, " << num_sms - 1
-                                   << "] (0 chooses; this GPU has " << num_sms << " SMs)");
-  // Device waits count nanoseconds in 64 bits; the bounds keep the conversion exact enough.
-  COMET_CHECK(std::isfinite(o.timeout_s) && o.timeout_s >= 1e-6 && o.timeout_s <= 1e6,
-              "MoeLayer: timeout_s must be within [1e-6, 1e6] seconds, got " << o.timeout_s);
-  COMET_CHECK(o.layer0_group_m >= 0, "MoeLayer: layer0_group_m must be >= 0 (0 chooses), got " << o.layer0_group_m);
-  COMET_CHECK(o.layer0_stages >= 0, "MoeLayer: layer0_stages must be >= 0 (0 chooses), got " << o.layer0_stages);
-  COMET_CHECK(o.stall_rank < impl_->config.layout.world, "MoeLayer: stall_rank " << o.stall_rank << " is not a rank");
-  COMET_CHECK(o.path != ForwardPath::kFused || impl_->gated(),
-              "MoeLayer: the fused kernels fuse SwiGLU; activation "
-                  << activation_name(impl_->config.model.activation)
-                  << " runs on the unfused pipeline (ForwardPath::kUnfused, or kTuned, the default)");
-  COMET_CHECK(!o.trace || o.path == ForwardPath::kFused,
-              "MoeLayer: LayerOptions::trace records the fused kernels; set path to ForwardPath::kFused too");
-  COMET_CHECK(o.trace_chunk_capacity >= 0 && o.trace_chunk_capacity < (int64_t(1) << 31),
-              "MoeLayer: trace_chunk_capacity must be in [0, 2^31), got " << o.trace_chunk_capacity);
-  const Status link = o.link.validate();
-  COMET_CHECK(link.ok, "MoeLayer: " << link.reason);
-  // The emulated link stands in for the links of a node whose ranks share one GPU; ranks on GPUs
-  // of their own have real links, and pacing them too would time neither.
-  COMET_CHECK(!o.link.on() || !impl_->group_streams,
-              "MoeLayer: link emulation stands for a node on one GPU; it needs every rank on one GPU (the loopback "
-              "fabric), not the " << impl_->fabric.name() << " fabric's real links");
-  if (o.layer0_copies == Layer0Copies::kGemmBlocks) {
-    const std::string refusal = impl_->gemm_block_copies_refusal(o.link);
-    COMET_CHECK(refusal.empty(), "MoeLayer: layer0 copies in the GEMM blocks: " << refusal
-                                                                              << "; use Layer0Copies::kCommBlocks");
-  }
-  COMET_CHECK(o.layer1_combine != Layer1Combine::kGemmBlocks || !o.link.on(),
-              "MoeLayer: layer1's combine in the GEMM blocks: " << kGemmCombineUnpaced << "; use Layer1Combine::kCommBlocks");
+  const Status ok = check_layer_options(impl_->config, o, impl_->target);
+  COMET_CHECK(ok.ok, "MoeLayer: " << ok.reason);
   impl_->options = o;
   impl_->resolve_choices();
 }
