@@ -105,6 +105,10 @@ void poison_all_y(const LayerConfig& c, const Inputs& in, int tokens) {
   const std::vector<uint16_t> nan(size_t(tokens) * c.model.hidden, 0xffff);
   for (const RankTensors& t : in.tensors)
     COMET_CUDA_CHECK(cudaMemcpy(t.y, nan.data(), nan.size() * 2, cudaMemcpyHostToDevice));
+  // A copy from pageable memory returns before its DMA has landed, and it runs on the legacy
+  // stream, which the bench's non-blocking stream does not wait for: without this the poison
+  // could land after a short forward wrote y (qwen2 at W = 1, T = 1024 after another workload).
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // Every rank's y rows after one forward of `layer` with its current options into poisoned y,

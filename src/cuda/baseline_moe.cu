@@ -362,6 +362,12 @@ struct BaselineMoe::Impl {
         use(l);
         COMET_CUDA_CHECK(cudaMemcpy(l.gather_segments, host.data(), host.size(), cudaMemcpyHostToDevice));
       }
+    // Landed (with the constructor's memsets) before a forward on any stream: these run on the
+    // legacy stream, which a caller's non-blocking stream does not wait for.
+    for (const Lane& l : lanes) {
+      use(l);
+      COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    }
   }
 
   // A call's start: each lane's main stream (the caller's, or its own stream forked from it).

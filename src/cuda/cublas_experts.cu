@@ -105,6 +105,9 @@ void CublasExperts::prepare_grouped(const ExpertGemmShapes& s, const void* a, co
   grouped_pointers(s, a, b, c, host.data());
   COMET_CUDA_CHECK(cudaMalloc(&device_ptrs_, host.size() * sizeof(void*)));
   COMET_CUDA_CHECK(cudaMemcpy(device_ptrs_, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  // The pageable copy may still be in flight on the legacy stream, which a non-blocking stream
+  // running grouped() does not wait for.
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void CublasExperts::grouped(CUstream_st* stream) {

@@ -101,6 +101,9 @@ void DeviceProblem::poison_y() {
 void DeviceProblem::set_token_count(int rank, int32_t count) {
   COMET_CHECK(rank >= 0 && rank < int(tensors_.size()), "DeviceProblem: no rank " << rank);
   COMET_CUDA_CHECK(cudaMemcpy(const_cast<int32_t*>(tensors_[rank].num_tokens), &count, 4, cudaMemcpyHostToDevice));
+  // Landed before a forward on any stream reads it: a pageable copy returns before its DMA ends,
+  // on the legacy stream, which non-blocking streams (and graph replays on them) do not wait for.
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
   tokens_[rank] = count;
 }
 
@@ -120,7 +123,7 @@ void DeviceProblem::assign_inputs(const DeviceProblem& other) {
     COMET_CUDA_CHECK(
         cudaMemcpy(const_cast<int32_t*>(to.expert_ids), from.expert_ids, rows * topk_ * 4, cudaMemcpyDefault));
     COMET_CUDA_CHECK(cudaMemcpy(const_cast<float*>(to.weights), from.weights, rows * topk_ * 4, cudaMemcpyDefault));
-    set_token_count(int(r), other.tokens_[r]);
+    set_token_count(int(r), other.tokens_[r]);  // (synchronizes the device: the copies above have landed)
   }
 }
 

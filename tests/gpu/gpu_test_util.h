@@ -51,6 +51,9 @@ class DeviceBuffer {
   size_t size() const { return count_; }
   void upload(const std::vector<T>& host) {
     COMET_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    // Landed for work on any stream: the pageable copy and the memset below run on the legacy
+    // stream, which non-blocking streams do not wait for.
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> host(count_);
@@ -60,6 +63,7 @@ class DeviceBuffer {
   // Fill every byte with `byte` (0xff makes bf16 NaN: a stale value can never pass a check).
   void poison(int byte = 0xff) {
     if (count_) COMET_CUDA_CHECK(cudaMemset(ptr_, byte, count_ * sizeof(T)));
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void zero() { poison(0); }
 
