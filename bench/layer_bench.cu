@@ -189,7 +189,9 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
     b.layer->forward(in.tensors, stream);
     b.fabric->wait(stream, "waiting for a baseline forward");
     const ref::Comparison cmp = compare_bf16(download_all_y(c, in, tokens), want, c.model.hidden);
-    row.baseline_rel_l2 = std::max(row.baseline_rel_l2, cmp.non_finite ? INFINITY : cmp.rel_l2);
+    // NaN (a non-finite reference) must not vanish in the max: it reads as infinite.
+    row.baseline_rel_l2 =
+        std::max(row.baseline_rel_l2, cmp.non_finite > 0 || std::isnan(cmp.rel_l2) ? INFINITY : cmp.rel_l2);
     row.baselines_match = row.baselines_match && cmp.within(ref::tolerance_for(DType::kBF16));
   };
   const BaselineGemm kinds[] = {BaselineGemm::kPerExpertLoop, BaselineGemm::kGroupedBatched};
@@ -316,6 +318,12 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     unfused.link = o.link;
     layer.set_options(unfused);
     const std::vector<uint16_t> want = checked_forward(layer, c, *in, tokens, stream);
+    // Every comparison of the workload is against this output: a non-finite value in it (the
+    // poison of a row never written, or an overflow) would make them all meaningless.
+    const int64_t non_finite = std::count_if(want.begin(), want.end(), [](uint16_t b) { return (b & 0x7f80) == 0x7f80; });
+    COMET_CHECK(non_finite == 0, "comet bench layer: the unfused forward of " << name << " at " << tokens
+                                     << " tokens per rank wrote " << non_finite << " non-finite values of "
+                                     << want.size() << "; nothing of the workload is compared or timed");
     // The baselines once per workload, verified against the same output; every row of the
     // sweep starts from their fields.
     LayerBenchRow baseline_row;
