@@ -30,8 +30,9 @@ struct Routing {
 
 // Softmax over each token's E logits, then the topk largest probabilities (ties: lower expert
 // id first). With renormalize the kept weights sum to 1 (Mixtral); without they are the raw
-// softmax probabilities (Qwen-MoE style). A logit of -inf masks its expert (probability 0);
-// NaN, +inf, or a token whose logits are all -inf throw comet::Error naming the token.
+// softmax probabilities (Qwen-MoE style). A logit of -inf masks its expert (probability 0): when
+// fewer than topk experts of a token are unmasked, its remaining slots are masked (id -1,
+// weight 0). NaN, +inf, or a token whose logits are all -inf throw comet::Error naming the token.
 Routing softmax_topk_gating(const std::vector<float>& logits, int num_tokens, int num_experts,
                             int topk, bool renormalize = true);
 

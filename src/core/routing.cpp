@@ -92,8 +92,10 @@ Routing softmax_topk_gating(const std::vector<float>& logits, int num_tokens, in
     double kept = 0;
     for (int k = 0; k < topk; ++k) kept += prob[idx[k]];
     for (int k = 0; k < topk; ++k) {
-      r.expert_ids[size_t(t) * topk + k] = idx[k];
-      r.weights[size_t(t) * topk + k] = float(renormalize ? prob[idx[k]] / kept : prob[idx[k]]);
+      // A slot that only a masked expert could fill is masked itself (-1): it moves no row.
+      const bool masked = row[idx[k]] == -std::numeric_limits<float>::infinity();
+      r.expert_ids[size_t(t) * topk + k] = masked ? -1 : idx[k];
+      r.weights[size_t(t) * topk + k] = masked ? 0.f : float(renormalize ? prob[idx[k]] / kept : prob[idx[k]]);
     }
   }
   return r;

@@ -117,8 +117,16 @@ TEST(Gating, MaskedLogitsAreSkippedAndNonFiniteOnesRefused) {
   EXPECT_EQ(r.expert(0, 0), 1);
   EXPECT_EQ(r.expert(0, 1), 3);
   EXPECT_NEAR(r.weight(0, 0) + r.weight(0, 1), 1.0, 1e-6);
-  const Routing zero = softmax_topk_gating({-inf, 1, -inf, -inf}, 1, 4, 2, false);
-  EXPECT_EQ(zero.weight(0, 1), 0.f);  // fewer unmasked experts than topk: a zero weight
+  // Fewer unmasked experts than topk: the rest of the slots are masked, not given an expert at
+  // weight 0 (which would still move the token and run its FFN).
+  const Routing fewer = softmax_topk_gating({-inf, 1, -inf, -inf, -inf, -inf, -inf, 0}, 2, 4, 2, false);
+  EXPECT_EQ(fewer.expert(0, 0), 1);
+  EXPECT_FLOAT_EQ(fewer.weight(0, 0), 1.f);
+  EXPECT_EQ(fewer.expert(0, 1), -1);
+  EXPECT_EQ(fewer.weight(0, 1), 0.f);
+  EXPECT_EQ(fewer.expert(1, 0), 3);
+  EXPECT_EQ(fewer.expert(1, 1), -1);
+  EXPECT_NO_THROW(fewer.check(4, 0));
   EXPECT_TRUE(test::throws_with<Error>([&] { softmax_topk_gating({0, 0, 0, 0, 1, inf, 0, 0}, 2, 4, 2); },
                                        {"token 1, expert 1", "inf"}));
   EXPECT_TRUE(test::throws_with<Error>([&] { softmax_topk_gating({0, std::nanf(""), 0, 0}, 1, 4, 2); },
