@@ -94,6 +94,12 @@ CLI::Validator number_range(double min, double max) {
       "NUMBER in [" + range + "]");
 }
 
+CLI::Validator file_path() {
+  return CLI::Validator(
+      [](std::string& input) { return input.empty() ? std::string("an empty value is not a file path") : std::string(); },
+      "FILE");
+}
+
 CLI::Validator non_negative_integer() {
   return CLI::Validator(
       [](std::string& input) {

@@ -82,6 +82,9 @@ CLI::Validator number_range(double min, double max);
 // For unsigned options (--seed): CLI11 would read "-1" as 2^64 - 1, clamp a larger value to it
 // and read "" as 0; each is refused instead (a decimal integer within [0, 2^64 - 1]).
 CLI::Validator non_negative_integer();
+// A file path given on the command line: an empty one (`--save ""`) is refused, not read as
+// "no file".
+CLI::Validator file_path();
 // Makes every integer option of `app` and its subcommands read its value in decimal. CLI11
 // parses with base 0, so "--tp 010" was 8 and "--ep 0x8" was 8; a leading zero now reads as
 // decimal ("010" is 10, as --tokens reads it) and a 0x, 0b or 0o prefix is refused by name, as

@@ -88,7 +88,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
       ->check(CLI::IsMember({"on", "off"}));
   add_fabric_option(*l, lo.fabric);
   l->add_flag("--json", lo.json, "JSON instead of the table");
-  l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg");
+  l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg")
+      ->check(file_path());
   l->add_option("--trace-ranks", lo.trace_ranks, "ranks drawn in the SVG, comma separated (default 0; the JSON has all)")
       ->delimiter(',')->check(CLI::Range(0, kMaxRanks - 1));
   *layer = l;

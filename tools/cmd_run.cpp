@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -152,9 +153,9 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
                  "this rank)\n",
                  r.first_rank, c.layout.world, r.device.c_str(), kernels);
   } else {
-    os << strf("backend: cpu (%d ranks as threads, %d comm + %d compute workers each, wait "
+    os << strf("backend: cpu (%d rank%s as threads, %d comm + %d compute workers each, wait "
                "timeout %d ms)\n",
-               c.layout.world, o.comm_workers, o.compute_workers, o.timeout_ms);
+               c.layout.world, c.layout.world == 1 ? "" : "s", o.comm_workers, o.compute_workers, o.timeout_ms);
   }
   if (r.scale.shape_factor > 1) {
     os << strf("%s: %s scaled down %dx (H %d -> %d, F %d -> %d)",
@@ -238,7 +239,7 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
   }
   j["cpu_scale"] = {{"shape_factor", r.scale.shape_factor},
                     {"token_factor", r.scale.token_factor},
-                    {"budget_gflop", o.cpu_budget_gflop}};  // 0: the library's default
+                    {"budget_gflop", o.cpu_budget_gflop > 0 ? o.cpu_budget_gflop : kCpuFlopBudget / 1e9}};
   j["run_config"] = config_json(c, r.tokens_per_rank, r.full.routing, r.full.seed);
   j["workers"] = {{"comm", o.comm_workers}, {"compute", o.compute_workers},
                   {"chunk_tokens", o.chunk_tokens}, {"timeout_ms", o.timeout_ms}};
@@ -331,8 +332,10 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   cmd->add_option("--gpu", o.gpu, "GPU of the full-size lower bound")->capture_default_str()->group("Output");
   cmd->add_option("--trace", o.trace,
                   "record a timeline: FILE.json (Chrome/Perfetto) and FILE.svg (cuda: of the fused kernels)")
+      ->check(file_path())
       ->group("Output");
   cmd->add_option("--save", o.save, "write inputs, weights and outputs to FILE.safetensors")
+      ->check(file_path())
       ->group("Output");
   cmd->add_flag("--json", o.json, "print one JSON object instead of the text report")->group("Output");
   return cmd;
@@ -390,7 +393,8 @@ int run_command(const RunOptions& o) {
     throw UsageError("--emulate-link stands for a node of GPUs on one GPU (loopback fabric); with --fabric " + o.fabric +
                      " the links are real");
   if (!(o.cpu_budget_gflop >= 0))
-    throw UsageError("--cpu-budget-gflop must be positive (0: the default budget)");
+    throw UsageError("--cpu-budget-gflop must be >= 0 (0: the default budget, " + strf("%g", kCpuFlopBudget / 1e9) +
+                     ")");
   {
     std::string names;
     bool known = false;
@@ -513,7 +517,17 @@ int run_command(const RunOptions& o) {
   if (r.backend == "cpu") {
     ref::RefBackend backend(r.config, ro);
     backend.set_weights(problem.weights);
-    r.y = backend.forward(problem.x, problem.routing);
+    try {
+      r.y = backend.forward(problem.x, problem.routing);
+    } catch (const TimeoutError& e) {
+      // Every rank's workers are threads of this process: on a loaded or small machine a thread
+      // that never gets a core reads as a stalled signal. Say so, and what to change.
+      const int64_t threads = int64_t(r.config.layout.world) * (o.comm_workers + o.compute_workers);
+      throw TimeoutError(std::string(e.what()) + " (the cpu backend ran " + std::to_string(threads) +
+                         " worker threads on " + std::to_string(std::max(1u, std::thread::hardware_concurrency())) +
+                         " cores: a thread that gets no core looks like a stalled signal; raise --timeout-ms, now " +
+                         std::to_string(o.timeout_ms) + ", or run fewer --comm-workers / --compute-workers)");
+    }
     r.forward_us = elapsed_us(t0);
     r.stats = backend.last_stats();
     if (ro.trace) {

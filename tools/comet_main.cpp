@@ -32,6 +32,29 @@ int fail(int code, const std::string& message) {
   return code;
 }
 
+// The first word of argv[1, argc) that names no subcommand where one is expected ("comet ru",
+// "comet bench foo"), as a message; empty when there is none. CLI11 would report either as "A
+// subcommand is required".
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  std::string path = "comet";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    const std::vector<CLI::App*> subs = at->get_subcommands([](CLI::App*) { return true; });
+    if (word.empty() || word[0] == '-' || subs.empty()) return "";  // options: CLI11's to judge
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* s : subs) {
+      if (s->get_name() == word) next = s;
+      names += (names.empty() ? "" : ", ") + s->get_name();
+    }
+    if (next == nullptr) return path + ": unknown command \"" + word + "\" (one of " + names + ")";
+    at = next;
+    path += " " + word;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -60,7 +83,8 @@ int main(int argc, char** argv) {
     app.parse(parse_end, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    return fail(kExitUsage, std::string(e.what()) + " (see comet --help)");
+    const std::string unknown = unknown_command(app, parse_end, argv);
+    return fail(kExitUsage, (unknown.empty() ? std::string(e.what()) : unknown) + " (see comet --help)");
   }
 
   try {

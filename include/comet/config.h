@@ -51,8 +51,9 @@ struct CpuScale {
   int shape_factor = 1;   // H and F divided by this
   int token_factor = 1;   // tokens per rank divided by this
 };
+inline constexpr double kCpuFlopBudget = 2e9;  // choose_cpu_scale's default FLOP per forward
 CpuScale choose_cpu_scale(const ModelShape& model, int world, int tokens_per_rank,
-                          double flop_budget = 2e9, int64_t weight_value_budget = int64_t(16) << 20);
+                          double flop_budget = kCpuFlopBudget, int64_t weight_value_budget = int64_t(16) << 20);
 
 // The presets of DESIGN §7. names() lists them in table order.
 struct ModelPresets {
@@ -109,7 +110,7 @@ struct LayerConfig {
   int64_t max_m_tiles_per_rank() const;
 
   // Why this configuration cannot run, or ok. Checks W = EP*TP, E % EP, F % TP, topk range,
-  // positive sizes, H and F at most kMaxModelDim, E at most kMaxExperts, W at most kMaxWorldSize,
+  // positive sizes (max_tokens_per_rank may be 0), H and F at most kMaxModelDim, E at most kMaxExperts, W at most kMaxWorldSize,
   // and tile shapes.
   Status validate() const;
   // validate(), throwing comet::Error with the reason.

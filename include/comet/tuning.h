@@ -59,7 +59,8 @@ class TuningTable {
  public:
   void add(const TuningEntry& entry);  // replaces an entry with an equal key
   const std::vector<TuningEntry>& entries() const { return entries_; }
-  // The nearest applicable entry and its distance, or nothing.
+  // The nearest applicable entry and its distance, or nothing. The entry points into the table:
+  // valid until the next add().
   struct Match {
     const TuningEntry* entry;
     double distance;

@@ -98,6 +98,10 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
                       << "): 1 (virtual ranks), world (one rank per GPU) or world / ranks per GPU");
     entry.n_comm0 = integer("n_comm0");
     entry.n_comm1 = integer("n_comm1");
+    // The fused kernels leave the GEMM at least one SM: no run of `comet tune` writes more.
+    for (const auto& [key, n] : {std::pair{"n_comm0", entry.n_comm0}, {"n_comm1", entry.n_comm1}})
+      COMET_CHECK(n < k.num_sms, where << ": \"" << key << "\" is " << n << ", must be below \"num_sms\" " << k.num_sms
+                                       << " (the GEMM needs an SM)");
     auto microseconds = [&](const char* key) {  // optional: 0 when absent
       if (!e.contains(key)) return 0.0;
       COMET_CHECK(e[key].is_number() && e[key].get<double>() >= 0 && std::isfinite(e[key].get<double>()),

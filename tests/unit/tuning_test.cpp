@@ -207,6 +207,9 @@ TEST(TuningJson, RefusesWrongTypesWrappedIntegersAndImpossibleEntries) {
   EXPECT_TRUE(edit_is_refused(text, "\"tokens_per_rank\": 4096", "\"tokens_per_rank\": 4096.0",
                               {"\"tokens_per_rank\" must be an integer"}));
   EXPECT_TRUE(edit_is_refused(text, "\"num_sms\": 132", "\"num_sms\": -5", {"\"num_sms\" is -5"}));
+  // No SM left for the GEMM: no `comet tune` run writes that.
+  EXPECT_TRUE(edit_is_refused(text, "\"n_comm0\": 20", "\"n_comm0\": 500", {"\"n_comm0\" is 500", "below \"num_sms\" 132"}));
+  EXPECT_TRUE(edit_is_refused(text, "\"n_comm1\": 21", "\"n_comm1\": 132", {"\"n_comm1\" is 132"}));
   EXPECT_TRUE(edit_is_refused(text, "\"hidden\": 4096", "\"hidden\": 0", {"\"hidden\" is 0"}));
   EXPECT_TRUE(edit_is_refused(text, "\"hidden\": 4096", "\"hidden\": 2097152", {"\"hidden\" is 2097152"}));
   EXPECT_TRUE(edit_is_refused(text, "\"ep\": 8", "\"ep\": 0", {"\"ep\" is 0"}));
