@@ -351,7 +351,8 @@ int run_command(const RunOptions& o) {
 #ifdef COMET_HAVE_CUDA
   std::string no_gpu;
   const bool have_gpu = o.backend != "cpu" && gpu_available(&no_gpu);
-  if (o.backend == "cuda" && !have_gpu) throw UsageError("--backend cuda: " + no_gpu);
+  if (o.backend == "cuda" && !have_gpu)
+    throw UsageError("--backend cuda: " + no_gpu + "; --backend cpu (or auto) runs without a GPU");
   r.backend = have_gpu ? "cuda" : "cpu";
 #else
   if (o.backend == "cuda")

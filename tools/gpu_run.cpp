@@ -14,7 +14,9 @@ namespace comet::tools {
 bool gpu_available(std::string* why) {
   const cuda::DeviceInfo info = cuda::query_device_info();
   if (info.device_count > 0) return true;
-  if (why) *why = info.error.empty() ? "no CUDA device is visible" : "no CUDA device is visible (" + info.error + ")";
+  // Without an NVIDIA driver the runtime reports an "insufficient" driver; the runtime's words are
+  // kept, marked as its own.
+  if (why) *why = info.error.empty() ? "no CUDA device is visible" : "no CUDA device is visible (the CUDA runtime: " + info.error + ")";
   return false;
 }
 
