@@ -406,6 +406,19 @@ int run_command(const RunOptions& o) {
     if (!known) throw UsageError("--gpu: unknown GPU \"" + o.gpu + "\" (known: " + names + ")");
     r.gpu = o.gpu;
   }
+  // Under `comet launch` (or torchrun) only the nccl fabric splits the ranks over the processes;
+  // anything else would run the whole world in every process and print it N times.
+  std::optional<ProcessEnv> launched;
+  try {
+    if (o.fabric != "nccl") launched = read_process_env();
+  } catch (const Error&) {  // RANK and WORLD_SIZE without a way to meet: not a launch to refuse
+  }
+  if (launched && launched->world > 1)
+    throw UsageError("this process is rank " + std::to_string(launched->rank) + " of " +
+                     std::to_string(launched->world) + " (" + launched->source +
+                     "); only --backend cuda --fabric nccl runs one rank per process, and " +
+                     (r.backend == "cpu" ? std::string("the cpu backend") : "the " + o.fabric + " fabric") +
+                     " would run every rank in each of them (run it without comet launch)");
   // With one process per rank every process writes its own rank's timeline, as `bench layer`
   // does; one file for all of them would keep only the last writer's rank.
   r.trace_path = o.trace;
