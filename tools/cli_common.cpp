@@ -130,6 +130,10 @@ void read_integers_as_decimal(CLI::App& app) {
         if (input.empty()) return std::string("an empty value is not a decimal integer");
         // Leading zeros after an optional sign are dropped ("-007" -> "-7", "000" -> "0").
         const size_t digits = (!input.empty() && (input[0] == '-' || input[0] == '+')) ? 1 : 0;
+        // Digits only ("--ep 8.0" and "--ep 8x" were CLI11's "Could not convert").
+        if (digits == input.size() ||
+            !std::all_of(input.begin() + digits, input.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; }))
+          return "Value " + input + " is not a decimal integer";
         size_t zeros = digits;
         while (zeros + 1 < input.size() && input[zeros] == '0') ++zeros;
         if (zeros == digits) return std::string();
