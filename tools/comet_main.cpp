@@ -13,6 +13,9 @@
 // runtime failure such as a protocol timeout; 1 is reserved for a failed verification.
 #include <exception>
 #include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -55,6 +58,24 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
   return "";
 }
 
+// Two of CLI11's messages in this tool's words: an option given twice ("--ep: At Most 1
+// required but received 2") and arguments left over, which CLI11 lists last one first.
+std::string parse_error_message(const std::string& what) {
+  const std::string twice = ": At Most 1 required but received ";
+  if (const size_t at = what.find(twice); at != std::string::npos)
+    return what.substr(0, at) + ": given " + what.substr(at + twice.size()) + " times; give it once";
+  for (const std::string lead : {"The following argument was not expected: ", "The following arguments were not expected: "})
+    if (what.rfind(lead, 0) == 0) {
+      std::istringstream words(what.substr(lead.size()));
+      std::vector<std::string> left;
+      for (std::string w; words >> w;) left.insert(left.begin(), w);
+      std::string joined;
+      for (const std::string& w : left) joined += (joined.empty() ? "" : " ") + w;
+      return "unexpected argument" + std::string(left.size() == 1 ? "" : "s") + ": " + joined;
+    }
+  return what;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,7 +105,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     const std::string unknown = unknown_command(app, parse_end, argv);
-    return fail(kExitUsage, (unknown.empty() ? std::string(e.what()) : unknown) + " (see comet --help)");
+    return fail(kExitUsage, (unknown.empty() ? parse_error_message(e.what()) : unknown) + " (see comet --help)");
   }
 
   try {
