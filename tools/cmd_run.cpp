@@ -199,11 +199,15 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
                static_cast<long long>(r.stats.partial_rows_sent), format_us(r.oracle_us).c_str());
   }
   // The pass rule is on rel_l2 and the worst row (ref/oracle.h); max_abs is for information.
-  os << strf("verify: rel_l2 %.1e (tolerance %.1e) worst row %.1e (bound %.1e, rank %d token %lld) max_abs %.1e "
+  const std::string worst_row = r.comparison.worst_row_rank < 0
+                                    ? std::string("no non-zero row")
+                                    : strf("rank %d token %lld", r.comparison.worst_row_rank,
+                                           static_cast<long long>(r.comparison.worst_row_token));
+  os << strf("verify: rel_l2 %.1e (tolerance %.1e) worst row %.1e (bound %.1e, %s) max_abs %.1e "
              "%s (%lld elements vs the fp64 oracle",
              r.comparison.rel_l2, r.tolerance, r.comparison.worst_row_error, ref::kRowErrorPerTolerance * r.tolerance,
-             r.comparison.worst_row_rank, static_cast<long long>(r.comparison.worst_row_token), r.comparison.max_abs,
-             r.pass ? "PASS" : "FAIL", static_cast<long long>(r.comparison.elements));
+             worst_row.c_str(), r.comparison.max_abs, r.pass ? "PASS" : "FAIL",
+             static_cast<long long>(r.comparison.elements));
   if (r.comparison.non_finite) os << strf(", %lld NaN/Inf", static_cast<long long>(r.comparison.non_finite));
   os << ")\n";
   const LayerCost& lc = r.full_cost;

@@ -102,7 +102,8 @@ Comparison compare_outputs(const std::vector<std::vector<float>>& got,
       diff2 += row_diff2;
       ref2 += row_ref2;
       if (row_ref2 > 0) ++rows;
-      if (c.worst_row_rank < 0 || row_diff2 > worst_row_diff2) {
+      // A row zero in both (a token whose every slot is masked) is no candidate.
+      if ((row_ref2 > 0 || row_diff2 > 0) && (c.worst_row_rank < 0 || row_diff2 > worst_row_diff2)) {
         worst_row_diff2 = row_diff2;
         c.worst_row_rank = int(r);
         c.worst_row_token = int64_t(row);

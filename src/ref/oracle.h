@@ -30,7 +30,7 @@ struct Comparison {
   int64_t non_finite = 0;   // elements of got that are NaN or Inf (never pass)
   int64_t elements = 0;
   // max over rows of ||got_row - want_row||_2 / sqrt(mean over non-zero rows of ||want_row||_2^2),
-  // and that row: its rank and token index there (-1 when there is no row).
+  // and that row: its rank and token index there (-1 when no row is non-zero in either).
   double worst_row_error = 0;
   int worst_row_rank = -1;
   int64_t worst_row_token = -1;

@@ -297,6 +297,7 @@ TEST(Compare, RowsMustBeWholeAndAZeroReferenceMatchedExactly) {
   EXPECT_TRUE(test::throws_with<Error>([] { compare_outputs({{1, 2}}, {{1, 2}}, 0); }, {"hidden must be >= 1"}));
   const std::vector<std::vector<double>> zero = {{0, 0, 0, 0}};
   EXPECT_TRUE(compare_outputs({{0, 0, 0, 0}}, zero, 2).within(0.0));
+  EXPECT_EQ(compare_outputs({{0, 0, 0, 0}}, zero, 2).worst_row_rank, -1);  // every token masked: no row to name
   const Comparison c = compare_outputs({{0, 0, 0, 1e-30f}}, zero, 2);
   EXPECT_FALSE(c.within(1e30));
   EXPECT_EQ(c.worst_row_token, 1);
