@@ -120,7 +120,7 @@ CLI::Validator non_negative_integer() {
           return "Value " + input + " is more than " + std::to_string(std::numeric_limits<uint64_t>::max());
         return std::string();
       },
-      "UINT");
+      "");  // the option's type already reads UINT in the help
 }
 
 void read_integers_as_decimal(CLI::App& app) {
