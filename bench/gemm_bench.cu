@@ -127,6 +127,8 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       Device<unsigned> claims(1);  // claimed tiles: zero once, every launch leaves it zero
       COMET_CUDA_CHECK(cudaMemset(claims.ptr, 0, sizeof(unsigned)));
       COMET_CUDA_CHECK(cudaMemset(error.ptr, 0, sizeof(cuda::DeviceError)));
+      // The copy and memsets above ran on the legacy stream; the schedules are built on `stream`.
+      COMET_CUDA_CHECK(cudaDeviceSynchronize());
       struct Schedule {
         std::unique_ptr<Device<cuda::GemmTile>> tiles;
         std::unique_ptr<Device<int32_t>> count;

@@ -82,8 +82,8 @@ std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, const fabric::Fabric& 
     t.num_tokens = count;
     t.y = in->alloc(size_t(Tm) * H * 2);
     in->tensors.push_back(t);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());  // this rank's device: its copies have landed
   }
-  COMET_CUDA_CHECK(cudaDeviceSynchronize());
   COMET_CUDA_CHECK(cudaSetDevice(device));
   return in;
 }
@@ -103,12 +103,18 @@ std::vector<uint16_t> download_all_y(const LayerConfig& c, const Inputs& in, int
 // previous forward's output, which a forward that wrote nothing would pass off as its own.
 void poison_all_y(const LayerConfig& c, const Inputs& in, int tokens) {
   const std::vector<uint16_t> nan(size_t(tokens) * c.model.hidden, 0xffff);
-  for (const RankTensors& t : in.tensors)
-    COMET_CUDA_CHECK(cudaMemcpy(t.y, nan.data(), nan.size() * 2, cudaMemcpyHostToDevice));
   // A copy from pageable memory returns before its DMA has landed, and it runs on the legacy
-  // stream, which the bench's non-blocking stream does not wait for: without this the poison
+  // stream, which the bench's non-blocking stream does not wait for: without the sync the poison
   // could land after a short forward wrote y (qwen2 at W = 1, T = 1024 after another workload).
-  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  // Each on its rank's device (the local fabric spreads the ranks over GPUs).
+  fabric::detail::DeviceGuard guard;
+  for (const RankTensors& t : in.tensors) {
+    cudaPointerAttributes where{};
+    COMET_CUDA_CHECK(cudaPointerGetAttributes(&where, t.y));
+    COMET_CUDA_CHECK(cudaSetDevice(where.device));
+    COMET_CUDA_CHECK(cudaMemcpy(t.y, nan.data(), nan.size() * 2, cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 }
 
 // Every rank's y rows after one forward of `layer` with its current options into poisoned y,
@@ -320,10 +326,13 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     const std::vector<uint16_t> want = checked_forward(layer, c, *in, tokens, stream);
     // Every comparison of the workload is against this output: a non-finite value in it (the
     // poison of a row never written, or an overflow) would make them all meaningless.
-    const int64_t non_finite = std::count_if(want.begin(), want.end(), [](uint16_t b) { return (b & 0x7f80) == 0x7f80; });
-    COMET_CHECK(non_finite == 0, "comet bench layer: the unfused forward of " << name << " at " << tokens
-                                     << " tokens per rank wrote " << non_finite << " non-finite values of "
-                                     << want.size() << "; nothing of the workload is compared or timed");
+    // Agreed over the processes first (with one per rank each sees its own): all stop together.
+    const uint64_t non_finite = uint64_t(
+        std::count_if(want.begin(), want.end(), [](uint16_t b) { return (b & 0x7f80) == 0x7f80; }));
+    const uint64_t most = fabric->min_max(non_finite, "the unfused reference output's non-finite values").second;
+    COMET_CHECK(most == 0, "comet bench layer: the unfused forward of " << name << " at " << tokens
+                               << " tokens per rank wrote non-finite values (" << most
+                               << " on the worst rank); the bench stops rather than compare against them");
     // The baselines once per workload, verified against the same output; every row of the
     // sweep starts from their fields.
     LayerBenchRow baseline_row;

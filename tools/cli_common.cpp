@@ -126,6 +126,9 @@ CLI::Validator non_negative_integer() {
 void read_integers_as_decimal(CLI::App& app) {
   const CLI::Validator decimal(
       [](std::string& input) {
+        // Spaces around a value are dropped ("--n-comm0 '32, 64'"), as the --tokens parser does.
+        const size_t begin = input.find_first_not_of(" \t"), end = input.find_last_not_of(" \t");
+        input = begin == std::string::npos ? std::string() : input.substr(begin, end - begin + 1);
         // CLI11 reads an empty value as 0 ("--ep ''" was refused as "at least 1, not 0").
         if (input.empty()) return std::string("an empty value is not a decimal integer");
         // Leading zeros after an optional sign are dropped ("-007" -> "-7", "000" -> "0").

@@ -40,7 +40,7 @@ int fail(int code, const std::string& message) {
 // subcommand is required".
 std::string unknown_command(CLI::App& app, int argc, char** argv) {
   CLI::App* at = &app;
-  std::string path = "comet";
+  std::string path;  // the commands before the word ("bench")
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
     const std::vector<CLI::App*> subs = at->get_subcommands([](CLI::App*) { return true; });
@@ -51,28 +51,30 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
       if (s->get_name() == word) next = s;
       names += (names.empty() ? "" : ", ") + s->get_name();
     }
-    if (next == nullptr) return path + ": unknown command \"" + word + "\" (one of " + names + ")";
+    if (next == nullptr)
+      return "unknown command \"" + path + word + "\" (" + (path.empty() ? "" : path + "takes ") + "one of " + names + ")";
     at = next;
-    path += " " + word;
+    path += word + " ";
   }
   return "";
 }
 
 // Two of CLI11's messages in this tool's words: an option given twice ("--ep: At Most 1
-// required but received 2") and arguments left over, which CLI11 lists last one first.
-std::string parse_error_message(const std::string& what) {
+// required but received 2"), and arguments nothing took, named in the order given (CLI11's
+// message lists them last one first).
+std::string parse_error_message(const CLI::App& app, const std::string& what) {
   const std::string twice = ": At Most 1 required but received ";
   if (const size_t at = what.find(twice); at != std::string::npos)
     return what.substr(0, at) + ": given " + what.substr(at + twice.size()) + " times; give it once";
-  for (const std::string lead : {"The following argument was not expected: ", "The following arguments were not expected: "})
-    if (what.rfind(lead, 0) == 0) {
-      std::istringstream words(what.substr(lead.size()));
-      std::vector<std::string> left;
-      for (std::string w; words >> w;) left.insert(left.begin(), w);
+  if (what.rfind("The following argument", 0) == 0) {
+    const std::vector<std::string> left = app.remaining(true);
+    if (!left.empty()) {
       std::string joined;
-      for (const std::string& w : left) joined += (joined.empty() ? "" : " ") + w;
+      for (const std::string& w : left)
+        joined += (joined.empty() ? "" : " ") + (w.empty() || w.find(' ') != std::string::npos ? "\"" + w + "\"" : w);
       return "unexpected argument" + std::string(left.size() == 1 ? "" : "s") + ": " + joined;
     }
+  }
   return what;
 }
 
@@ -105,7 +107,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     const std::string unknown = unknown_command(app, parse_end, argv);
-    return fail(kExitUsage, (unknown.empty() ? parse_error_message(e.what()) : unknown) + " (see comet --help)");
+    return fail(kExitUsage, (unknown.empty() ? parse_error_message(app, e.what()) : unknown) + " (see comet --help)");
   }
 
   try {

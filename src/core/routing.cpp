@@ -87,13 +87,18 @@ Routing softmax_topk_gating(const std::vector<float>& logits, int num_tokens, in
     for (int e = 0; e < num_experts; ++e) sum += prob[e] = std::exp(double(row[e]) - max_logit);
     for (int e = 0; e < num_experts; ++e) prob[e] /= sum;
     std::iota(idx.begin(), idx.end(), 0);
-    // Stable: equal probabilities keep the lower expert id first.
-    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return prob[a] > prob[b]; });
+    // Stable: equal probabilities keep the lower expert id first. Masked experts go last: an
+    // unmasked expert whose probability underflowed to 0 still ranks before them.
+    const auto masked_logit = [&](int e) { return row[e] == -std::numeric_limits<float>::infinity(); };
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
+      if (masked_logit(a) != masked_logit(b)) return !masked_logit(a);
+      return prob[a] > prob[b];
+    });
     double kept = 0;
     for (int k = 0; k < topk; ++k) kept += prob[idx[k]];
     for (int k = 0; k < topk; ++k) {
       // A slot that only a masked expert could fill is masked itself (-1): it moves no row.
-      const bool masked = row[idx[k]] == -std::numeric_limits<float>::infinity();
+      const bool masked = masked_logit(idx[k]);
       r.expert_ids[size_t(t) * topk + k] = masked ? -1 : idx[k];
       r.weights[size_t(t) * topk + k] = masked ? 0.f : float(renormalize ? prob[idx[k]] / kept : prob[idx[k]]);
     }

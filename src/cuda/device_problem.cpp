@@ -67,6 +67,9 @@ DeviceProblem::DeviceProblem(const LayerConfig& c, const MoeProblem& p, const fa
     t.y = buffers_->upload(std::vector<uint16_t>(size_t(Tm) * H, 0xffff));
     tensors_.push_back(t);
     tokens_.push_back(rt.num_tokens);
+    // The uploads above are pageable copies on this device's legacy stream: landed before a
+    // forward on any stream reads them.
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
 }
 
@@ -100,9 +103,12 @@ void DeviceProblem::poison_y() {
 
 void DeviceProblem::set_token_count(int rank, int32_t count) {
   COMET_CHECK(rank >= 0 && rank < int(tensors_.size()), "DeviceProblem: no rank " << rank);
+  // On the rank's device, landed before a forward on any stream reads it: a pageable copy returns
+  // before its DMA ends, on the legacy stream, which non-blocking streams (and graph replays on
+  // them) do not wait for.
+  fabric::detail::DeviceGuard guard;
+  COMET_CUDA_CHECK(cudaSetDevice(devices_[rank]));
   COMET_CUDA_CHECK(cudaMemcpy(const_cast<int32_t*>(tensors_[rank].num_tokens), &count, 4, cudaMemcpyHostToDevice));
-  // Landed before a forward on any stream reads it: a pageable copy returns before its DMA ends,
-  // on the legacy stream, which non-blocking streams (and graph replays on them) do not wait for.
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
   tokens_[rank] = count;
 }
@@ -116,7 +122,9 @@ void DeviceProblem::assign_inputs(const DeviceProblem& other) {
                   other.t_max_ == t_max_,
               "DeviceProblem::assign_inputs: the problems differ in shape");
   const size_t rows = size_t(t_max_);
+  fabric::detail::DeviceGuard guard;
   for (size_t r = 0; r < tensors_.size(); ++r) {
+    COMET_CUDA_CHECK(cudaSetDevice(devices_[r]));  // the copies on the rank's device, as its sync below
     const RankTensors& to = tensors_[r];
     const RankTensors& from = other.tensors_[r];
     COMET_CUDA_CHECK(cudaMemcpy(const_cast<void*>(to.x), from.x, rows * hidden_ * 2, cudaMemcpyDefault));

@@ -88,10 +88,12 @@ Comparison compare_outputs(const std::vector<std::vector<float>>& got,
                                                 << " values are not whole rows of hidden = " << hidden);
     for (size_t row = 0; row < got[r].size() / H; ++row) {
       double row_diff2 = 0, row_ref2 = 0;
+      bool row_non_finite = false;
       for (size_t i = row * H; i < (row + 1) * H; ++i) {
         ++c.elements;
         if (!std::isfinite(got[r][i])) {
           ++c.non_finite;
+          row_non_finite = true;
           continue;
         }
         const double d = double(got[r][i]) - want[r][i];
@@ -102,7 +104,9 @@ Comparison compare_outputs(const std::vector<std::vector<float>>& got,
       diff2 += row_diff2;
       ref2 += row_ref2;
       if (row_ref2 > 0) ++rows;
-      // A row zero in both (a token whose every slot is masked) is no candidate.
+      // A row with a NaN or Inf is as bad as a row can be (an unwritten, poisoned row); a row zero
+      // in both (a token whose every slot is masked) is no candidate.
+      if (row_non_finite) row_diff2 = INFINITY;
       if ((row_ref2 > 0 || row_diff2 > 0) && (c.worst_row_rank < 0 || row_diff2 > worst_row_diff2)) {
         worst_row_diff2 = row_diff2;
         c.worst_row_rank = int(r);

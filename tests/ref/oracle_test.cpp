@@ -298,6 +298,10 @@ TEST(Compare, RowsMustBeWholeAndAZeroReferenceMatchedExactly) {
   const std::vector<std::vector<double>> zero = {{0, 0, 0, 0}};
   EXPECT_TRUE(compare_outputs({{0, 0, 0, 0}}, zero, 2).within(0.0));
   EXPECT_EQ(compare_outputs({{0, 0, 0, 0}}, zero, 2).worst_row_rank, -1);  // every token masked: no row to name
+  // A row with a NaN (say, never written) is the worst row, wherever it is.
+  const Comparison nan_row = compare_outputs({{1, 1, std::nanf(""), 0, 5, 5}}, {{1, 1, 0, 0, 1, 1}}, 2);
+  EXPECT_EQ(nan_row.worst_row_token, 1);
+  EXPECT_FALSE(nan_row.within(1e30));
   const Comparison c = compare_outputs({{0, 0, 0, 1e-30f}}, zero, 2);
   EXPECT_FALSE(c.within(1e30));
   EXPECT_EQ(c.worst_row_token, 1);

@@ -127,6 +127,11 @@ TEST(Gating, MaskedLogitsAreSkippedAndNonFiniteOnesRefused) {
   EXPECT_EQ(fewer.expert(1, 0), 3);
   EXPECT_EQ(fewer.expert(1, 1), -1);
   EXPECT_NO_THROW(fewer.check(4, 0));
+  // An unmasked expert whose probability underflows to 0 (a logit 1000 below the largest) still
+  // takes a slot before a masked one with a lower id.
+  const Routing underflow = softmax_topk_gating({-inf, 0, -1000, -inf}, 1, 4, 2, false);
+  EXPECT_EQ(underflow.expert(0, 0), 1);
+  EXPECT_EQ(underflow.expert(0, 1), 2);
   EXPECT_TRUE(test::throws_with<Error>([&] { softmax_topk_gating({0, 0, 0, 0, 1, inf, 0, 0}, 2, 4, 2); },
                                        {"token 1, expert 1", "inf"}));
   EXPECT_TRUE(test::throws_with<Error>([&] { softmax_topk_gating({0, std::nanf(""), 0, 0}, 1, 4, 2); },
