@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comet/cost_model.h"
+#include "support/preset_config.h"
 #include "support/test_support.h"
 
 namespace comet {
@@ -242,10 +243,7 @@ TEST(CostModel, ExpectedCostMatchesAUniformPlan) {
   // of an actual uniform routing: within 5% for a few thousand tokens per rank.
   for (auto [name, ep, tp] : {std::tuple{"mixtral-8x7b", 8, 1}, {"deepseek-v3", 4, 2}, {"qwen3-30b-a3b", 8, 1}}) {
     SCOPED_TRACE(name);
-    LayerConfig c;
-    c.model = ModelPresets::get(name);
-    c.layout = {ep * tp, ep, tp};
-    c.max_tokens_per_rank = 4096;
+    const LayerConfig c = test::preset_config(name, ep, tp, 4096);
     std::vector<Routing> routing;
     for (int r = 0; r < ep * tp; ++r)
       routing.push_back(generate_routing(RoutingSpec{}, 4096, c.model.num_experts, c.model.topk, 3, r));

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "comet/layer_choices.h"
+#include "support/preset_config.h"
 #include "support/test_support.h"
 
 namespace comet {
@@ -14,13 +15,7 @@ namespace {
 
 using test::contains;
 
-LayerConfig qwen3_ep8() {
-  LayerConfig c;
-  c.model = ModelPresets::get("qwen3-30b-a3b");
-  c.layout = {8, 8, 1};
-  c.max_tokens_per_rank = 4096;
-  return c;
-}
+LayerConfig qwen3_ep8() { return test::preset_config("qwen3-30b-a3b", 8, 1, 4096); }
 
 LayerTarget h200() {
   LayerTarget t;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comet/plan.h"
+#include "support/preset_config.h"
 #include "support/test_support.h"
 #include "unit/plan_cases.h"
 
@@ -424,13 +425,7 @@ TEST(Layer0Stages, DefaultIsOneStagePerFourSources) {
 // Half tiles where experts are long at T_max: mixtral (2048 rows per expert at 1024 tokens, W 8),
 // qwen3 (512), qwen2 (546); not deepseek-v3 at 1024 tokens (256), which they made slower.
 TEST(HalfTiles, DefaultFollowsTheExpectedRowsPerExpert) {
-  auto config = [](const std::string& model, int tokens) {
-    LayerConfig c;
-    c.model = ModelPresets::get(model);
-    c.layout = ParallelLayout{8, 8, 1};
-    c.max_tokens_per_rank = tokens;
-    return c;
-  };
+  auto config = [](const std::string& model, int tokens) { return test::preset_config(model, 8, 1, tokens); };
   EXPECT_TRUE(default_half_tiles(config("mixtral-8x7b", 1024)));
   EXPECT_TRUE(default_half_tiles(config("qwen3-30b-a3b", 1024)));
   EXPECT_TRUE(default_half_tiles(config("qwen2-moe-2.7b", 1024)));

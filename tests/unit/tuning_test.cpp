@@ -11,6 +11,7 @@
 
 #include "comet/tuning.h"
 #include "io/tuning_json.h"
+#include "support/preset_config.h"
 #include "support/test_support.h"
 
 namespace comet {
@@ -18,13 +19,7 @@ namespace {
 
 using test::throws_with;
 
-LayerConfig mixtral_ep8() {
-  LayerConfig c;
-  c.model = ModelPresets::get("mixtral-8x7b");
-  c.layout = {8, 8, 1};
-  c.max_tokens_per_rank = 4096;
-  return c;
-}
+LayerConfig mixtral_ep8() { return test::preset_config("mixtral-8x7b", 8, 1, 4096); }
 
 // `json` with its first `from` replaced by `to`, parsed as t.json, is refused with a message
 // naming the file, entry 0 and each of `words` (a failure, not a crash, when `from` is missing).
