@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <sstream>
 
 #include "comet/error.h"
@@ -22,3 +23,8 @@
 
 // After a kernel launch: catches bad launch configurations at once.
 #define COMET_CUDA_CHECK_LAUNCH() COMET_CUDA_CHECK(cudaGetLastError())
+
+namespace comet::cuda {
+// Whether `p` is a multiple of `bytes` (the 16-byte vector loads and stores, 4-byte words).
+inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+}  // namespace comet::cuda

@@ -46,8 +46,6 @@ __global__ void __launch_bounds__(kThreads) publish_kernel(PublishShape s, const
   copy_words(c.weights_dst, c.weights, int64_t(rows) * s.topk, first, stride);
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 }  // namespace
 
 void publish_inputs(const PublishShape& shape, const PublishCopy* ranks, int n, int num_sms, CUstream_st* stream) {

@@ -80,8 +80,6 @@ __global__ void copy_segments_kernel(const CopySegment* segments, int count, int
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void copy_between_ranks(const CopyList& list, CUstream_st* stream, const LinkPace& pace) {
@@ -136,7 +134,7 @@ int AllToAllPlan::add() {
 void AllToAllPlan::add_transfer(int id, const Transfer& t) {
   COMET_CHECK(id >= 0 && id < size(), "all-to-all " << id << " was never added");
   if (t.bytes == 0) return;
-  COMET_CHECK(t.bytes > 0 && t.bytes % 16 == 0 && aligned16(t.src) && aligned16(t.dst),
+  COMET_CHECK(t.bytes > 0 && t.bytes % 16 == 0 && aligned(t.src, 16) && aligned(t.dst, 16),
               "inter-rank copy " << t.src_rank << " -> " << t.dst_rank << " of " << t.bytes
                                  << " bytes is not 16-byte aligned");
   std::vector<CopySegment>& list = lists_[id];

@@ -33,8 +33,6 @@ bool same_pointers(const RankTensors& a, const RankTensors& b) {
          a.y == b.y;
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 }  // namespace
 
 void RankTensorCheck::check(const std::vector<RankTensors>& in, const fabric::Fabric& fabric, cudaStream_t stream) {
