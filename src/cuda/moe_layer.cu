@@ -192,7 +192,6 @@ struct MoeLayer::Impl {
     int64_t chunk_capacity(int layer) const { return layer == 0 ? chunks0 : chunks1; }
     unsigned* counts(int i) const { return reinterpret_cast<unsigned*>(base[i] + records() - 1); }
   } trace;
-  int num_sms = 0;
   int local_index(const Rank& k) const { return k.rank - fabric.first_local_rank(); }
   // Ranks on several GPUs or in several processes: each GPU's ranks run on a stream of their own
   // and meet the other GPUs' in barrier kernels. Otherwise every rank runs on the caller's
@@ -219,16 +218,13 @@ struct MoeLayer::Impl {
   }
   LayerOptions options;
   TuningTable tuning;
-  NCommChoice n_comm;  // resolved from options, the tuning table or the cost model
-  PathChoice path;     // resolved from options or the tuning table
-  Layer0ModeChoice layer0;  // resolved from options or the tuning table
-  Layer1CombineChoice layer1;  // resolved from options or the tuning table
+  LayerChoices choices;  // path, n_comm, layer0 mode, layer1 combine: resolve_choices()
   // Layer1's column width of the last plan built (forward() or run_part(kPlan)): run_part's
   // GEMMs and copies run on that plan, so they must not switch width before a new one.
   int planned_layer1_width = 0;
   uint64_t heap_generation = 0;              // the fabric's, after this layer's allocate()
   cuda::RankTensorCheck tensor_check{{"MoeLayer", false, "the output is stored 16 bytes at a time"}};
-  bool fused_path() const { return path.fused; }
+  bool fused_path() const { return choices.path.fused; }
   // SwiGLU (the presets' experts): GEMM0 + SwiGLU, fused or unfused. A plain activation (GELU,
   // ReLU, SiLU): GEMM0 with the plain-activation epilogue, which is instantiated for the ping-pong
   // configuration only, so the unfused pipeline runs it on the kAuto schedule; the fused kernels
@@ -242,13 +238,7 @@ struct MoeLayer::Impl {
   LayerTarget target;
   // The path, the layer0 mode, the layer1 combine and n_comm from options, the tuning table
   // (nearest entry at T_max) or the defaults and the cost model.
-  void resolve_choices() {
-    const LayerChoices c = resolve_layer_choices(config, options, tuning, target);
-    path = c.path;
-    n_comm = c.n_comm;
-    layer0 = c.layer0;
-    layer1 = c.layer1;
-  }
+  void resolve_choices() { choices = resolve_layer_choices(config, options, tuning, target); }
   int layer0_group_m() const {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
     return fused_path() ? kFusedLayer0GroupM : cuda::kRasterGroupM;
@@ -260,7 +250,7 @@ struct MoeLayer::Impl {
   int layer0_stages() const {
     if (!fused_path()) return 1;
     if (options.layer0_stages > 0) return options.layer0_stages;
-    if (layer0.mode.order == DispatchOrder::kRows) return 1;  // rows land in GEMM0's expert-major order
+    if (choices.layer0.mode.order == DispatchOrder::kRows) return 1;  // rows land in GEMM0's expert-major order
     return default_layer0_stages(config.layout.world);
   }
   // Tile base/target [MT] each, column base/target [NB1] each, the combine work counter (one
@@ -319,7 +309,7 @@ struct MoeLayer::Impl {
   uint64_t timeout_ns() const { return uint64_t(options.timeout_s * 1e9); }
   // Layer1's GEMM configuration, column blocks and combine groups follow who runs the combine
   // (LayerOptions::layer1_combine): the plan, the GEMMs and the combine must agree, so all ask here.
-  bool layer1_gemm_combine() const { return layer1.combine == Layer1Combine::kGemmBlocks; }
+  bool layer1_gemm_combine() const { return choices.layer1.combine == Layer1Combine::kGemmBlocks; }
   cuda::GemmKernel layer1_kernel() const {
     return layer1_gemm_combine() ? cuda::GemmKernel::kPingpong128x128 : cuda::GemmKernel::kCooperative128x256;
   }
@@ -346,9 +336,9 @@ struct MoeLayer::Impl {
     f.num_col_blocks = layer1_col_blocks();
     f.col_width = layer1_col_width();
     f.combine_group_blocks = combine_group_blocks();
-    f.n_comm = layer == 0 ? n_comm.n_comm0 : n_comm.n_comm1;
-    f.gemm_block_copies = layer == 0 && layer0.mode.copies == Layer0Copies::kGemmBlocks;
-    f.dispatch_by_row = layer == 0 && layer0.mode.order == DispatchOrder::kRows;
+    f.n_comm = layer == 0 ? choices.n_comm.n_comm0 : choices.n_comm.n_comm1;
+    f.gemm_block_copies = layer == 0 && choices.layer0.mode.copies == Layer0Copies::kGemmBlocks;
+    f.dispatch_by_row = layer == 0 && choices.layer0.mode.order == DispatchOrder::kRows;
     f.stall = options.stall_rank == k.rank;
     f.timeout_ns = timeout_ns();
     f.error = k.error;
@@ -381,7 +371,7 @@ struct MoeLayer::Impl {
       c.count_dst = reinterpret_cast<int32_t*>(region(k, "token_count"));
     }
     cuda::publish_inputs({config.max_tokens_per_rank, config.model.hidden, config.model.topk}, copies.data(), n,
-                         num_sms, s);
+                         target.num_sms, s);
   }
   // The plan kernels of `count` ranks from `first` (one launch for up to 8 ranks of one device);
   // with signals on, also this call's epoch targets (fused kernels).
@@ -423,7 +413,7 @@ struct MoeLayer::Impl {
   void dispatch(const Rank& k, cudaStream_t s) const {
     cuda::FusedCommArgs f = comm_args(k, 0, Signals::kOff);
     f.dispatch_by_row = false;
-    cuda::launch_kernel(dispatch_kernel, dim3(num_sms), dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(), f);
+    cuda::launch_kernel(dispatch_kernel, dim3(target.num_sms), dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(), f);
   }
   // The unfused pipeline's GEMMs (also run_part(kGemms), compute-only), LayerOptions::unfused_gemms:
   // the fused kernels' configuration and claimed tiles of the plan, or the configuration kAuto
@@ -466,7 +456,7 @@ struct MoeLayer::Impl {
     }
   }
   void combine(const Rank& k, cudaStream_t s) const {
-    cuda::launch_kernel(combine_kernel, dim3(num_sms), dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(),
+    cuda::launch_kernel(combine_kernel, dim3(target.num_sms), dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(),
                         comm_args(k, 1, Signals::kOff));
   }
   // One of the two Comet kernels of a rank (cuda/fused_layer.h). Layer0 only pulls published
@@ -521,7 +511,7 @@ struct MoeLayer::Impl {
         a.t_max = config.max_tokens_per_rank;
       }
       // The SMs' worth of blocks shared by the batch's ranks (each rank's warps stride its tokens).
-      const dim3 grid(std::max(1, num_sms * kOwnerReduceBlocksPerSm / count), count);
+      const dim3 grid(std::max(1, target.num_sms * kOwnerReduceBlocksPerSm / count), count);
       cuda::launch_kernel(owner_reduce_kernel, grid, dim3(32 * kWarpsPerBlock), 0, s, cuda::LaunchAttributes(), batch);
     }
   }
@@ -674,7 +664,7 @@ struct MoeLayer::Impl {
   // The trace buffers of every local rank for this forward: allocated once (sized for T_max) on
   // the rank's device, zeroed on the stream the rank's work runs on.
   void prepare_trace(cudaStream_t stream) {
-    const int64_t mt = plan_layout.max_m_tiles, warps = int64_t(num_sms) * cuda::kTraceWarpsPerBlock;
+    const int64_t mt = plan_layout.max_m_tiles, warps = int64_t(target.num_sms) * cuda::kTraceWarpsPerBlock;
     const int64_t slots = int64_t(config.layout.world) * config.max_tokens_per_rank;
     const int groups = cuda::combine_groups(layer1_col_blocks(), combine_group_blocks());
     TraceBuffers want;
@@ -709,8 +699,8 @@ struct MoeLayer::Impl {
                    cudaMemsetAsync(trace.base[local_index(k)], 0, trace.records() * sizeof(KernelTraceEvent), s));
              }});
     // Layers whose copies or combine run in the GEMM blocks have no communication blocks.
-    trace.n_comm[0] = layer0.mode.copies == Layer0Copies::kGemmBlocks ? 0 : n_comm.n_comm0;
-    trace.n_comm[1] = layer1_gemm_combine() ? 0 : n_comm.n_comm1;
+    trace.n_comm[0] = choices.layer0.mode.copies == Layer0Copies::kGemmBlocks ? 0 : choices.n_comm.n_comm0;
+    trace.n_comm[1] = layer1_gemm_combine() ? 0 : choices.n_comm.n_comm1;
   }
   void free_trace() {
     for (KernelTraceEvent* b : trace.base) cudaFree(b);
@@ -875,7 +865,6 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
   // local rank (with one process per GPU, this process's GPU, not device 0).
   const cuda::DeviceInfo info = cuda::query_device_info(m.ranks[0].device);
   COMET_CHECK(info.error.empty(), "MoeLayer: device " << m.ranks[0].device << ": " << info.error);
-  m.num_sms = info.num_sms;
   m.target.gpu = info.name;
   m.target.num_sms = info.num_sms;
   m.target.gpus = fabric.gpus();  // Loopback 1: the virtual ranks share one GPU
@@ -900,10 +889,10 @@ void MoeLayer::set_tuning_table(const TuningTable& table) {
   impl_->resolve_choices();
 }
 
-NCommChoice MoeLayer::n_comm() const { return impl_->n_comm; }
-PathChoice MoeLayer::path() const { return impl_->path; }
-Layer0ModeChoice MoeLayer::layer0_mode() const { return impl_->layer0; }
-Layer1CombineChoice MoeLayer::layer1_combine() const { return impl_->layer1; }
+NCommChoice MoeLayer::n_comm() const { return impl_->choices.n_comm; }
+PathChoice MoeLayer::path() const { return impl_->choices.path; }
+Layer0ModeChoice MoeLayer::layer0_mode() const { return impl_->choices.layer0; }
+Layer1CombineChoice MoeLayer::layer1_combine() const { return impl_->choices.layer1; }
 bool MoeLayer::half_tiles() const { return impl_->half_tiles(); }
 
 void MoeLayer::set_random_weights(uint64_t seed) {
@@ -1058,7 +1047,7 @@ Trace MoeLayer::read_trace(CUstream_st* stream) {
   }
   KernelTraceShape shape;
   shape.world = m.config.layout.world;
-  shape.num_blocks = m.num_sms;
+  shape.num_blocks = m.target.num_sms;
   shape.n_comm[0] = m.trace.n_comm[0];
   shape.n_comm[1] = m.trace.n_comm[1];
   return make_kernel_trace(shape, kernels);
