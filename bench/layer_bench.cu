@@ -60,8 +60,7 @@ std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, const fabric::Fabric& 
                                     uint64_t seed) {
   auto in = std::make_unique<Inputs>();
   const int H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
-  int device = 0;
-  COMET_CUDA_CHECK(cudaGetDevice(&device));
+  fabric::detail::DeviceGuard guard;  // the caller's device again on return, or on a throw
   for (int r = 0; r < c.layout.world; ++r) {
     const Routing rt = generate_routing(spec, tokens, c.model.routed_experts(), K, seed, r);
     in->routing.push_back(rt);
@@ -84,7 +83,6 @@ std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, const fabric::Fabric& 
     in->tensors.push_back(t);
     COMET_CUDA_CHECK(cudaDeviceSynchronize());  // this rank's device: its copies have landed
   }
-  COMET_CUDA_CHECK(cudaSetDevice(device));
   return in;
 }
 
