@@ -1,5 +1,7 @@
 // cuda/check.h: every CUDA runtime and cuBLAS call goes through these; a failure throws
-// comet::Error with the call, file:line and the runtime's message.
+// comet::Error with the call, file:line and the runtime's message. A failed call also leaves its
+// error as the thread's "last error", which the next COMET_CUDA_CHECK_LAUNCH would report as its
+// own launch's: the failure branch clears it (a sticky error stays, and every later call says so).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +15,7 @@
   do {                                                                                      \
     const cudaError_t comet_cuda_err_ = (call);                                             \
     if (comet_cuda_err_ != cudaSuccess) {                                                   \
+      (void)cudaGetLastError();                                                             \
       std::ostringstream comet_cuda_os_;                                                    \
       comet_cuda_os_ << "CUDA error " << cudaGetErrorName(comet_cuda_err_) << " ("           \
                      << cudaGetErrorString(comet_cuda_err_) << ") in `" #call "` at "       \

@@ -55,11 +55,21 @@ TEST(LoopbackFabric, FailedAllocationStillMovesTheHeapGeneration) {
   EXPECT_EQ(f->heap_generation(), before);
   EXPECT_EQ(f->bytes_per_rank(), 1024);
   EXPECT_THROW(f->allocate(int64_t(1) << 50), Error);  // 1 PiB per rank
-  cudaGetLastError();
   EXPECT_NE(f->heap_generation(), before) << "a layer on the freed heap would still run";
   EXPECT_EQ(f->bytes_per_rank(), 0);
   f->allocate(1000);
   EXPECT_EQ(f->bytes_per_rank(), 1024);
+}
+
+// A failed runtime call leaves its error as the thread's "last error"; COMET_CUDA_CHECK clears it
+// as it throws, so the next launch check does not report the old failure as its own (a caught
+// out-of-memory once made the next random fill throw "out of memory").
+TEST(CudaCheck, AFailedCallLeavesNothingForTheNextLaunchCheck) {
+  COMET_REQUIRE_GPU();
+  void* p = nullptr;
+  EXPECT_THROW(COMET_CUDA_CHECK(cudaMalloc(&p, size_t(1) << 50)), Error);  // 1 PiB
+  EXPECT_NO_THROW(COMET_CUDA_CHECK_LAUNCH());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // Each rank writes a tagged block into every peer's heap through its table; the owner reads
