@@ -137,12 +137,12 @@ class LoopbackFabric final : public Fabric {
     COMET_CUDA_CHECK(cudaSetDevice(device_));
     const int64_t want = round_up(bytes, kHeapAlign);
     COMET_CUDA_CHECK(cudaMalloc(&heap_, std::max<int64_t>(want, 256) * world_));
-    bytes_ = want;  // set once the heap exists: a failed allocation leaves none and 0 bytes
-    COMET_CUDA_CHECK(cudaMemset(heap_, 0, std::max<int64_t>(bytes_, 256) * world_));
+    COMET_CUDA_CHECK(cudaMemset(heap_, 0, std::max<int64_t>(want, 256) * world_));
     bases_.resize(world_);
-    for (int r = 0; r < world_; ++r) bases_[r] = static_cast<char*>(heap_) + r * bytes_;
+    for (int r = 0; r < world_; ++r) bases_[r] = static_cast<char*>(heap_) + r * want;
     COMET_CUDA_CHECK(cudaMalloc(&table_, world_ * sizeof(void*)));
     COMET_CUDA_CHECK(cudaMemcpy(table_, bases_.data(), world_ * sizeof(void*), cudaMemcpyHostToDevice));
+    bytes_ = want;  // last: a failure above leaves 0 bytes, so Fabric::allocate moves the generation
   }
   void* base(int rank) const override {
     check_local(rank, "base");
@@ -241,6 +241,12 @@ class LocalFabric final : public Fabric {
           int ok = 0;
           COMET_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, a, b));
           COMET_CHECK(ok, "local fabric: GPU " << a << " cannot access GPU " << b << "'s memory (no P2P)");
+          // The signals and barriers are atomic adds into peers' memory: a link without native
+          // atomics (some PCIe P2P) may lose concurrent ones, and a lost add is a wait that
+          // times out for no reason.
+          COMET_CUDA_CHECK(cudaDeviceGetP2PAttribute(&ok, cudaDevP2PAttrNativeAtomicSupported, a, b));
+          COMET_CHECK(ok, "local fabric: GPU " << a << " has no native atomics on GPU " << b
+                                               << "'s memory over their link (the signals need them; NVLink has them)");
           PeerAccess::acquire(a, b);
           peers_.emplace_back(a, b);
         }
@@ -275,12 +281,12 @@ class LocalFabric final : public Fabric {
       COMET_CUDA_CHECK(cudaMalloc(&heaps_[r], std::max<int64_t>(want, 256)));
       COMET_CUDA_CHECK(cudaMemset(heaps_[r], 0, std::max<int64_t>(want, 256)));
     }
-    bytes_ = want;  // set once every heap exists
     for (int r = 0; r < world_; ++r) {  // with unified addressing a pointer is valid on every peer
       COMET_CUDA_CHECK(cudaSetDevice(device_of(r)));
       COMET_CUDA_CHECK(cudaMalloc(&tables_[r], world_ * sizeof(void*)));
       COMET_CUDA_CHECK(cudaMemcpy(tables_[r], heaps_.data(), world_ * sizeof(void*), cudaMemcpyHostToDevice));
     }
+    bytes_ = want;  // last: a failure above leaves 0 bytes, so Fabric::allocate moves the generation
   }
   void* base(int rank) const override {
     check_local(rank, "base");

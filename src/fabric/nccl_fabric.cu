@@ -29,6 +29,7 @@
 #include <exception>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/bootstrap_file.h"
@@ -143,10 +144,9 @@ class NcclFabric final : public Fabric {
                                                  << want << "); every rank must allocate the same layout");
     // Only now the old heap goes: a refused size leaves it (and the layers on it) as they were.
     release();
-    bytes_ = want;
 
     // 2. Memory NCCL can map for its peers (CUDA VMM), zeroed before anyone can see it.
-    window_bytes_ = round_up(std::max<int64_t>(bytes_, 1), kWindowAlign);
+    window_bytes_ = round_up(std::max<int64_t>(want, 1), kWindowAlign);
     check_nccl(ncclMemAlloc(&heap_, size_t(window_bytes_)), "ncclMemAlloc");
     COMET_CUDA_CHECK(cudaMemsetAsync(heap_, 0, window_bytes_, stream_));
     wait_stream(stream_, "zeroing the heap");
@@ -172,6 +172,7 @@ class NcclFabric final : public Fabric {
     // 5. Registration ended in NCCL's barrier, after every rank zeroed its heap; this one also
     //    covers the table, so no rank writes to a peer before the peer can be used.
     barrier_on(stream_, "the end of allocate()");
+    bytes_ = want;  // last: a failure above leaves 0 bytes, so Fabric::allocate moves the generation
   }
 
   std::pair<uint64_t, uint64_t> run_min_max(uint64_t value, const std::string& what) override {
@@ -287,7 +288,10 @@ class NcclFabric final : public Fabric {
                                p, comm_, stream);
     }
     const ncclResult_t end = ncclGroupEnd();  // always close the group, even after an error
-    check_nccl(first_error, "ncclSend/ncclRecv of all_to_all_v");
+    // Part of the group may have been posted, and the peers' matching halves wait for the rest:
+    // the communicator is aborted, so that they fail too instead of waiting.
+    if (first_error != ncclSuccess && first_error != ncclInProgress)
+      fail(first_error, "posting the ncclSend/ncclRecv of all_to_all_v");
     finish(end, "all_to_all_v");
   }
 
@@ -330,19 +334,23 @@ class NcclFabric final : public Fabric {
   }
 
   // Frees the heap collectively: all ranks' work on it must be over first, so every rank
-  // synchronizes its device and then meets the others.
+  // synchronizes its device and then meets the others. A first, bounded meeting comes before the
+  // synchronization: if a peer is gone, NCCL work of this device that waits for it would keep
+  // cudaDeviceSynchronize from returning, while the meeting times out and aborts the
+  // communicator, which ends that work.
   void release() {
     if (!heap_ && !window_ && !table_) return;
+    barrier_on(stream_, "releasing the heap (are all ranks alive?)");
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
     barrier_on(stream_, "releasing the heap");
-    if (table_) COMET_CUDA_CHECK(cudaFree(table_));
-    table_ = nullptr;
-    table_host_.clear();
-    if (window_) finish(ncclCommWindowDeregister(comm_, window_), "ncclCommWindowDeregister");
-    window_ = nullptr;
-    if (heap_) check_nccl(ncclMemFree(heap_), "ncclMemFree");
-    heap_ = nullptr;
+    // Each pointer is dropped before its free is checked: a free that reports an earlier
+    // asynchronous error must not leave it for teardown to free again.
     bytes_ = window_bytes_ = 0;
+    table_host_.clear();
+    if (void* table = std::exchange(table_, nullptr)) COMET_CUDA_CHECK(cudaFree(table));
+    if (ncclWindow_t window = std::exchange(window_, nullptr))
+      finish(ncclCommWindowDeregister(comm_, window), "ncclCommWindowDeregister");
+    if (void* heap = std::exchange(heap_, nullptr)) check_nccl(ncclMemFree(heap), "ncclMemFree");
   }
 
   void abort_comm() noexcept {
