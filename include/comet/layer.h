@@ -115,6 +115,10 @@ struct LayerOptions {
   std::optional<bool> half_tiles;
   double timeout_s = 5.0;  // every device-side wait: fails when its signal has not moved for this long
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
+  // Fault injection for tests: forward() throws comet::Error in place of its n-th fused-kernel
+  // launch (0-based, counted over the local ranks and both layers in enqueue order), as a launch
+  // refused mid-enqueue would, with the earlier kernels already enqueued; -1: never.
+  int fail_before_launch = -1;
   // Record the fused kernels' timeline (needs path kFused): per block, every GEMM tile, the GEMM
   // producer's waits, and the communication chunks and waits (docs/gpu_layer.md "Timeline");
   // read_trace() returns it. Off: no records, no cost beyond a null test per tile and chunk.

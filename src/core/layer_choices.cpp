@@ -89,6 +89,8 @@ Status check_layer_options(const LayerConfig& config, const LayerOptions& o, con
     why << "layer0_stages must be >= 0 (0 chooses), got " << o.layer0_stages;
   else if (o.stall_rank >= config.layout.world)
     why << "stall_rank " << o.stall_rank << " is not a rank";
+  else if (o.fail_before_launch < -1)
+    why << "fail_before_launch must be >= -1 (-1: never), got " << o.fail_before_launch;
   else if (o.path == ForwardPath::kFused && !is_gated(config.model.activation))
     why << "the fused kernels fuse SwiGLU; activation " << activation_name(config.model.activation)
         << " runs on the unfused pipeline (ForwardPath::kUnfused, or kTuned, the default)";

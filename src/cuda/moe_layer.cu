@@ -204,6 +204,13 @@ struct MoeLayer::Impl {
   bool have_weights() const {  // every local rank's
     return std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.weights_set; });
   }
+  // A weight setter marks the ranks it writes as unset first and each one set again once its
+  // copies are done: one that throws half way leaves forward() refusing to run (until the weights
+  // are set again) rather than running a mix of old and new weights.
+  template <class It>
+  void forget_weights(It first, It last) {
+    for (; first != last; ++first) first->weights_set = false;
+  }
 
   // Rank k's weight buffers on its (current) device, allocated once: w0 [E/EP][n_b][H], w1
   // [E/EP][H][F/TP], as element counts.
@@ -461,7 +468,11 @@ struct MoeLayer::Impl {
   }
   // One of the two Comet kernels of a rank (cuda/fused_layer.h). Layer0 only pulls published
   // rows and layer1 only pushes, so no kernel waits on another rank's kernel.
+  mutable int fused_launches = 0;  // in the forward being enqueued (LayerOptions::fail_before_launch)
   void fused(const Rank& k, int layer, cudaStream_t s) const {
+    COMET_CHECK(fused_launches++ != options.fail_before_launch,
+                "MoeLayer: fault injection (LayerOptions::fail_before_launch): rank " << k.rank << " layer" << layer
+                                                                                       << " not launched");
     cuda::FusedCommArgs f = comm_args(k, layer, Signals::kOn);
     cuda::GroupedGemmArgs g = gemm_args(k, layer);
     if (options.trace) {
@@ -584,6 +595,7 @@ struct MoeLayer::Impl {
 
   void forward(const std::vector<RankTensors>& in, cudaStream_t stream) {
     const bool fused_kernels = fused_path();
+    fused_launches = 0;
     const Signals signals = fused_kernels ? Signals::kOn : Signals::kOff;
     auto tensors = [&](const Rank& k) -> const RankTensors& { return in[k.rank - fabric.first_local_rank()]; };
     // A fused launch that fails on the host after the plan kernels advanced the epoch bases
@@ -644,20 +656,42 @@ struct MoeLayer::Impl {
       }
       owner_reduce(ranks.data(), inputs.data(), int(ranks.size()), stream);
     } catch (...) {
-      if (fused_kernels) {
-        // Every group's enqueued work ends first (each wait has its timeout): a group still
-        // running could signal into counters another group's reset has already zeroed.
-        cudaStreamSynchronize(stream);
-        if (group_streams) {
-          int saved = -1;
-          cudaGetDevice(&saved);
-          for (const Group& g : groups)
-            if (cudaSetDevice(g.device) == cudaSuccess) cudaStreamSynchronize(g.stream);
-          if (saved >= 0) cudaSetDevice(saved);
-        }
-        reset_epochs(stream);
-      }
+      recover_from_enqueue_failure(stream, fused_kernels);
       throw;
+    }
+  }
+
+  // A forward that threw mid-enqueue may have left part of its kernels running: the plans may
+  // have advanced the epoch bases, and with group streams one group's barrier may wait for
+  // another group's that was never launched (until its timeout, which it records). Drain what
+  // was enqueued, then zero the counters and the error records, so the next forward starts in
+  // step. Nothing ran while the stream was being captured, so nothing needs undoing then. A
+  // failure here must not replace the caller's exception: it leaves the layer refusing to run.
+  void recover_from_enqueue_failure(cudaStream_t stream, bool fused_kernels) noexcept {
+    if (!fused_kernels && !group_streams) return;  // no counters or barriers were touched
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
+    try {
+      DeviceGuard guard;
+      // Every group's enqueued work ends first (each wait has its timeout): a group still
+      // running could signal into counters the reset has already zeroed.
+      COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+      if (group_streams)
+        for (const Group& g : groups) {
+          COMET_CUDA_CHECK(cudaSetDevice(g.device));
+          COMET_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+        }
+    } catch (...) {
+      unusable = "a forward failed while enqueueing and its kernels could not be drained; create a new MoeLayer";
+      return;
+    }
+    try {
+      on_ranks(stream, {[&](const Rank& k, cudaStream_t s) {
+                 COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, Rank::kErrorRecords * sizeof(cuda::DeviceError), s));
+               }});
+      reset_epochs(stream);
+    } catch (...) {
+      unusable = "a forward failed while enqueueing and the layer's counters could not be reset; create a new MoeLayer";
     }
   }
 
@@ -691,7 +725,10 @@ struct MoeLayer::Impl {
         for (KernelTraceEvent* b : want.base) cudaFree(b);
         throw;
       }
-      free_trace();
+      // The old buffers are kept until the layer goes: a CUDA graph captured from an earlier
+      // traced forward still writes its records there when replayed.
+      retired_trace.insert(retired_trace.end(), trace.base.begin(), trace.base.end());
+      trace.base.clear();
       trace = want;
     }
     on_ranks(stream, {[&](const Rank& k, cudaStream_t s) {
@@ -702,9 +739,12 @@ struct MoeLayer::Impl {
     trace.n_comm[0] = choices.layer0.mode.copies == Layer0Copies::kGemmBlocks ? 0 : choices.n_comm.n_comm0;
     trace.n_comm[1] = layer1_gemm_combine() ? 0 : choices.n_comm.n_comm1;
   }
+  std::vector<KernelTraceEvent*> retired_trace;  // replaced trace buffers (prepare_trace)
   void free_trace() {
     for (KernelTraceEvent* b : trace.base) cudaFree(b);
+    for (KernelTraceEvent* b : retired_trace) cudaFree(b);
     trace.base.clear();
+    retired_trace.clear();
   }
 
   // After a failure the counters, bases and barrier generations no longer agree: zero them all
@@ -899,6 +939,7 @@ void MoeLayer::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;
   const size_t H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
   DeviceGuard guard;
+  m.forget_weights(m.ranks.begin(), m.ranks.end());
   for (Impl::Rank& k : m.ranks) {  // seeded by the global rank: the same weights on every fabric
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
     m.allocate_weights(k);
@@ -913,7 +954,9 @@ void MoeLayer::set_rank_weights(int rank, const RankExpertWeights& weights) {
   Impl& m = *impl_;
   m.fabric.check_local(rank, "MoeLayer::set_rank_weights");
   Impl::Rank& k = m.ranks[size_t(rank - m.fabric.first_local_rank())];
+  cuda::check_rank_weights(m.config, weights);  // refused before the rank's weights are forgotten
   DeviceGuard guard;
+  m.forget_weights(&k, &k + 1);
   COMET_CUDA_CHECK(cudaSetDevice(k.device));
   m.allocate_weights(k);
   cuda::copy_rank_weights(m.config, weights, k.w0, k.w1);
@@ -968,6 +1011,7 @@ void MoeLayer::set_weights(const ExpertWeights& w) {
   const int Epr = m.config.experts_per_rank();
   const size_t H = model.hidden, F = model.ffn, Fl = m.config.ffn_per_rank();
   DeviceGuard guard;
+  m.forget_weights(m.ranks.begin(), m.ranks.end());
   for (Impl::Rank& k : m.ranks) {
     const int ep = m.config.layout.ep_index(k.rank), tp = m.config.layout.tp_index(k.rank);
     const bool gated = m.gated();  // a plain activation has no gate projection (w_gate empty)
@@ -1062,16 +1106,20 @@ void MoeLayer::check(CUstream_st* stream) {
   // which of their timeouts fires first is a race; the stuck rank's own record names the cause.
   std::string input, first, first_barrier;
   bool timed_out = false;
-  DeviceGuard guard;
-  for (const Impl::Rank& k : m.ranks) {
-    COMET_CUDA_CHECK(cudaSetDevice(k.device));
-    cuda::DeviceError e[Impl::Rank::kErrorRecords];
-    COMET_CUDA_CHECK(cudaMemcpy(e, k.error, sizeof e, cudaMemcpyDeviceToHost));
-    if (e[1].claimed && input.empty()) input = cuda::describe(e[1]);
-    if (!e[0].claimed) continue;
-    timed_out = true;
-    std::string& slot = e[0].role == int32_t(cuda::WaitRole::kBarrier) ? first_barrier : first;
-    if (slot.empty()) slot = cuda::describe(e[0]);
+  {
+    // Only the reads move the current device: the reset below forks from the caller's stream,
+    // which belongs to the caller's device (on_groups).
+    DeviceGuard guard;
+    for (const Impl::Rank& k : m.ranks) {
+      COMET_CUDA_CHECK(cudaSetDevice(k.device));
+      cuda::DeviceError e[Impl::Rank::kErrorRecords];
+      COMET_CUDA_CHECK(cudaMemcpy(e, k.error, sizeof e, cudaMemcpyDeviceToHost));
+      if (e[1].claimed && input.empty()) input = cuda::describe(e[1]);
+      if (!e[0].claimed) continue;
+      timed_out = true;
+      std::string& slot = e[0].role == int32_t(cuda::WaitRole::kBarrier) ? first_barrier : first;
+      if (slot.empty()) slot = cuda::describe(e[0]);
+    }
   }
   if (first.empty()) first = first_barrier;
   if (!input.empty()) first = input;

@@ -39,11 +39,16 @@ RankWeights slice_rank_weights(const LayerConfig& c, const ExpertWeights& w, int
   return out;
 }
 
-void copy_rank_weights(const LayerConfig& c, const RankExpertWeights& w, void* w0, void* w1) {
+void check_rank_weights(const LayerConfig& c, const RankExpertWeights& w) {
   const bool gated = is_gated(c.model.activation);
   COMET_CHECK(w.up && w.down, "set_rank_weights: the up and down projections are required");
   COMET_CHECK(gated == (w.gate != nullptr), "set_rank_weights: activation " << activation_name(c.model.activation)
                                                 << (gated ? " needs a gate projection" : " has no gate projection"));
+}
+
+void copy_rank_weights(const LayerConfig& c, const RankExpertWeights& w, void* w0, void* w1) {
+  check_rank_weights(c, w);
+  const bool gated = is_gated(c.model.activation);
   const size_t epr = c.experts_per_rank(), H = c.model.hidden, Fl = c.ffn_per_rank(), row = H * 2;
   const size_t rows0 = size_t(gemm0_weight_rows(c));
   // Synchronous on every stream of the device (the copies below are not: device-to-device and

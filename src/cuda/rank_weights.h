@@ -31,7 +31,10 @@ RankWeights slice_rank_weights(const LayerConfig& config, const ExpertWeights& w
 // `config` (gemm0_weight_rows rows of H per expert; [E/EP][H][F/TP]). Synchronous; the source
 // may be host or device memory. gate/up rows are interleaved in blocks of kSwiGluPack by 2D
 // copies (a block of the source is kSwiGluPack whole rows), and the rows that pad the last block
-// are zeroed. Throws comet::Error for a missing or superfluous projection.
+// Throws comet::Error when `weights` lacks a projection the activation needs or has one it lacks.
+void check_rank_weights(const LayerConfig& config, const RankExpertWeights& weights);
+// are zeroed. Throws comet::Error for a missing or superfluous projection (check_rank_weights,
+// before anything is written).
 void copy_rank_weights(const LayerConfig& config, const RankExpertWeights& weights, void* w0, void* w1);
 
 }  // namespace comet::cuda

@@ -57,16 +57,17 @@ inline ::testing::AssertionResult near_oracle(const std::vector<std::vector<floa
 // With `options` (fused) and rank `stall_rank`'s communication blocks idle, the forward times
 // out: check() throws TimeoutError naming the rank, layer0 and the signal. The same options
 // without the stall then give the oracle's output: the layer stays usable. `d` holds the inputs
-// of `p` (every local rank).
+// of `p` (every local rank). The forwards and checks run on `stream` (a stream of the current
+// device; null: its legacy stream).
 inline void expect_withheld_rank_times_out_then_recovers(MoeLayer& layer, cuda::DeviceProblem& d,
                                                          const MoeProblem& p, LayerOptions options,
-                                                         int stall_rank) {
+                                                         int stall_rank, cudaStream_t stream = nullptr) {
   options.timeout_s = 0.2;
   options.stall_rank = stall_rank;  // its rows never move: its GEMM waits for tile signals
   layer.set_options(options);
-  layer.forward(d.tensors(), nullptr);
+  layer.forward(d.tensors(), stream);
   try {
-    layer.check(nullptr);
+    layer.check(stream);
     ADD_FAILURE() << "a withheld rank did not time out";
   } catch (const TimeoutError& e) {  // a stuck signal, not bad input
     const std::string m = e.what();
@@ -77,9 +78,36 @@ inline void expect_withheld_rank_times_out_then_recovers(MoeLayer& layer, cuda::
   options.stall_rank = -1;
   options.timeout_s = 5.0;
   layer.set_options(options);
-  layer.forward(d.tensors(), nullptr);
-  layer.check(nullptr);
+  layer.forward(d.tensors(), stream);
+  layer.check(stream);
   EXPECT_TRUE(near_oracle(d.download_y(), ref::oracle_forward(p), p.config.model.hidden));
+}
+
+// A fused forward that throws part way through its enqueue (LayerOptions::fail_before_launch:
+// for each launch index in `fail_at`, the earlier kernels already enqueued) leaves the layer
+// usable: the next forward without the fault gives `want` (the fused output of `options`) bit
+// for bit, and check() finds nothing. `d` holds the inputs; on `stream`, as above.
+inline void expect_failed_enqueue_recovers(MoeLayer& layer, cuda::DeviceProblem& d, LayerOptions options,
+                                           const std::vector<int>& fail_at,
+                                           const std::vector<std::vector<float>>& want,
+                                           cudaStream_t stream = nullptr) {
+  for (int at : fail_at) {
+    SCOPED_TRACE("fail before launch " + std::to_string(at));
+    options.fail_before_launch = at;
+    layer.set_options(options);
+    try {
+      layer.forward(d.tensors(), stream);
+      ADD_FAILURE() << "the injected launch failure did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fault injection"), std::string::npos) << e.what();
+    }
+    options.fail_before_launch = -1;
+    layer.set_options(options);
+    d.poison_y();
+    layer.forward(d.tensors(), stream);
+    layer.check(stream);
+    EXPECT_EQ(d.download_y(), want);
+  }
 }
 
 }  // namespace comet::testing

@@ -159,6 +159,55 @@ TEST(MoeLayerLocal, WithheldRankTimesOutNamingItAndRecovers) {
   }
 }
 
+// The same on a stream of the caller's own (GPU 0), the last rank on another GPU: check() must
+// zero the counters from the caller's device (it once left the last rank's GPU current and then
+// recorded the fork event of that GPU on GPU 0's stream, which CUDA refuses, so the error records
+// stayed set and every later forward skipped its waits).
+TEST(MoeLayerLocal, WithheldRankRecoversOnTheCallersStream) {
+  COMET_REQUIRE_GPUS(2);
+  for (int W : local_worlds()) {
+    SCOPED_TRACE("W " + std::to_string(W));
+    LayerCase lc = local_cases(W)[0];
+    lc.tokens = std::vector<int>(W, 64);
+    testing::LayerRig rig(lc, fabric::make_local_fabric(W));
+    COMET_CUDA_CHECK(cudaSetDevice(0));
+    cudaStream_t stream = nullptr;
+    COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    LayerOptions o;
+    o.path = ForwardPath::kFused;
+    testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, W - 1, stream);
+    int current = -1;
+    COMET_CUDA_CHECK(cudaGetDevice(&current));
+    EXPECT_EQ(current, 0) << "the layer left another GPU current";
+    COMET_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
+}
+
+// The same across GPUs, where each GPU's ranks run on a stream of their own: a forward that
+// fails part way through its enqueue first waits for every group's stream, then puts the
+// counters back; the next forward is the fused output bit for bit. Launches are counted group by
+// group (the first W/2 ranks' layer0 and layer1, then the others'), so the failures below stop
+// the enqueue before any kernel, inside the first group, and between the two groups, on the
+// legacy stream and on a stream of the caller's on GPU 0.
+TEST(MoeLayerLocal, FailedEnqueueLeavesTheLayerUsable) {
+  COMET_REQUIRE_GPUS(2);
+  for (int W : local_worlds()) {
+    SCOPED_TRACE("W " + std::to_string(W));
+    LayerCase lc = local_cases(W)[0];
+    lc.tokens = std::vector<int>(W, 64);
+    testing::LayerRig rig(lc, fabric::make_local_fabric(W));
+    LayerOptions o;
+    o.path = ForwardPath::kFused;
+    const auto want = rig.forward(o);
+    testing::expect_failed_enqueue_recovers(rig.layer, rig.device, o, {0, 1, W, 2 * W - 1}, want);
+    COMET_CUDA_CHECK(cudaSetDevice(0));
+    cudaStream_t stream = nullptr;
+    COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    testing::expect_failed_enqueue_recovers(rig.layer, rig.device, o, {W + 1}, want, stream);
+    COMET_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
+}
+
 // Ranks on GPUs of their own have real links: link emulation is refused by name (as the
 // baselines refuse it), and the layer runs as before.
 TEST(MoeLayerLocal, RefusesLinkEmulation) {

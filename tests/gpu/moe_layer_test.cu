@@ -301,6 +301,13 @@ TEST(MoeLayer, CheckpointWeightsPerRankEqualTheFullWeights) {
     layer.forward(inputs, nullptr);
     layer.check(nullptr);
     EXPECT_EQ(full.device.download_y(), want) << "checkpoint weights differ from the full ones";
+    // A setter that fails writes nothing it was refused for: weights refused up front leave the
+    // installed ones in place (a failure half way would leave the rank unset instead).
+    EXPECT_TRUE(test::throws_with<Error>([&] { layer.set_rank_weights(1, {}); }, {"up and down"}));
+    full.device.poison_y();
+    layer.forward(inputs, nullptr);
+    layer.check(nullptr);
+    EXPECT_EQ(full.device.download_y(), want) << "a refused set_rank_weights changed the weights";
   }
 }
 
@@ -430,6 +437,29 @@ TEST(FusedLayer, TopkSixteenBitwiseEqualToUnfused) {
   EXPECT_TRUE(ref::compare_outputs(unfused, ref::oracle_forward(rig.problem), c.model.hidden)
                   .within(ref::tolerance_for(DType::kBF16)));
   expect_fused_equals_unfused(rig.layer, rig.device, unfused, {{1, 1}, {32, 4}}, 1, nullptr);
+}
+
+// A fused forward that fails part way through its enqueue (a launch refused after earlier ones
+// were enqueued) leaves the layer usable: the counters its plans advanced are put back, and the
+// next forward gives the fused output bit for bit, also on a non-blocking stream of the caller's
+// (with a withheld rank there too). W = 4: launches 0-3 are the ranks' layer0, 4-7 their layer1.
+// The unfused pipeline has no fused launch to fail.
+TEST(FusedLayer, FailedEnqueueLeavesTheLayerUsable) {
+  COMET_REQUIRE_GPU();
+  LayerRig rig(LayerCase{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11});
+  LayerOptions o;
+  o.path = ForwardPath::kFused;
+  const auto want = rig.forward(o);
+  testing::expect_failed_enqueue_recovers(rig.layer, rig.device, o, {0, 2, 4, 7}, want);
+  cudaStream_t stream = nullptr;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  testing::expect_failed_enqueue_recovers(rig.layer, rig.device, o, {3, 5}, want, stream);
+  testing::expect_withheld_rank_times_out_then_recovers(rig.layer, rig.device, rig.problem, o, 2, stream);
+  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
+  LayerOptions unfused;
+  unfused.path = ForwardPath::kUnfused;
+  unfused.fail_before_launch = 0;
+  EXPECT_EQ(rig.forward(unfused), want);
 }
 
 // With link emulation on too (docs/link_emulation.md): pacing waits are separate from signal

@@ -164,6 +164,7 @@ TEST(LayerChoices, OptionChecksNameTheBadValue) {
   EXPECT_TRUE(refused(with([](LayerOptions& o) { o.layer0_group_m = -2; }), "layer0_group_m", t));
   EXPECT_TRUE(refused(with([](LayerOptions& o) { o.layer0_stages = -1; }), "layer0_stages", t));
   EXPECT_TRUE(refused(with([](LayerOptions& o) { o.stall_rank = 8; }), "stall_rank 8", t));
+  EXPECT_TRUE(refused(with([](LayerOptions& o) { o.fail_before_launch = -2; }), "fail_before_launch", t));
   EXPECT_TRUE(refused(with([](LayerOptions& o) { o.trace = true; }), "ForwardPath::kFused", t));
   EXPECT_TRUE(refused(with([](LayerOptions& o) {
                         o.path = ForwardPath::kFused;
