@@ -17,7 +17,8 @@
 // rank on one GPU. Local: the ranks spread over the GPUs (fabric.device_of), each rank's kernels
 // on its GPU. Nccl: this process's rank; the all-to-alls are NCCL send/recv groups, and the
 // constructor, forward() and run_part() are collective (every rank calls them in the same
-// order, with the same options).
+// order, with the same options: the first forward after the constructor or set_options checks
+// that the ranks' chunks and schedule agree, and names them when they do not).
 //
 // Contract:
 // - Tensors are those of comet/layer.h (bf16 x and y [T_max][H], routing [T_max][topk], the

@@ -213,6 +213,11 @@ struct BaselineMoe::Impl {
     weights_set[size_t(r)] = 1;
     have_layout = false;  // grouped pointer arrays name the weights
   }
+  // Before a setter writes ranks [from, to): one that throws half way leaves forward() refusing
+  // to run rather than running a mix of old and new weights (as MoeLayer's setters).
+  void forget_weights(int from, int to) {
+    for (int r = from; r < to; ++r) weights_set[size_t(r)] = 0;
+  }
   uint64_t heap_generation = 0;  // the fabric's, after this layer's allocate()
   cuda::RankTensorCheck tensor_check{{"BaselineMoe", true, "rows move 16 bytes at a time"}};
   // A second layer built on this fabric reallocated the heap under this one.
@@ -244,6 +249,10 @@ struct BaselineMoe::Impl {
     // name the lanes' streams.
     int saved = -1;
     cudaGetDevice(&saved);
+    try {
+      drain_last_call();
+    } catch (...) {
+    }
     for (Lane& l : lanes) {
       cudaSetDevice(l.device);
       for (cudaStream_t s : {l.own, l.comm, l.compute}) {
@@ -334,6 +343,20 @@ struct BaselineMoe::Impl {
     dims.chunks = o.chunks;
     dims.count_row_len = core::baseline_count_row_len(config, o.chunks);
     have_layout = false;
+    options_agreed = false;
+  }
+  // The chunk count sets the count exchange's row length and, with the schedule, the order of
+  // the all-to-alls: ranks of several processes that disagree on them would post NCCL transfers
+  // of different sizes or in a different order. The next forward (collective) compares them
+  // first, so a disagreement is an error that names both options rather than a hang or rows
+  // read at the wrong length. One process drives every rank with the same options.
+  bool options_agreed = false;
+  void agree_options() {
+    if (options_agreed) return;
+    if (fabric.num_local_ranks() < config.layout.world)
+      fabric.agree(uint64_t(options.chunks) * 2 + (options.pipelined ? 1 : 0), "the BaselineOptions (chunks, schedule)",
+                   options.describe());
+    options_agreed = true;
   }
 
   // The count exchange of every chunk count (all-to-all id = chunks - 1): rank r's row into slot
@@ -395,6 +418,22 @@ struct BaselineMoe::Impl {
         l.main = l.own;
         COMET_CUDA_CHECK(cudaStreamWaitEvent(l.own, home.fork, 0));
       }
+  }
+
+  // A bounded wait for the last call's work, the part on the caller's stream included (on the
+  // Nccl fabric the all-to-alls run there): the lanes' own streams wait for its end, then the
+  // fabric waits for them. A peer that is gone makes that wait time out (on the Nccl fabric it
+  // then aborts the communicator, ending the kernels that wait for the peer) where a device
+  // synchronization or cudaFree would wait forever. Before every such call.
+  void drain_last_call() {
+    if (!last_finished) return;
+    fabric::detail::DeviceGuard guard;
+    for (Lane& l : lanes) {
+      if (!l.own) continue;
+      COMET_CUDA_CHECK(cudaSetDevice(l.device));
+      COMET_CUDA_CHECK(cudaStreamWaitEvent(l.own, last_finished, 0));
+      fabric.wait(l.own, "waiting for the baseline's last call to end");
+    }
   }
 
   // A call's end: the other lanes joined into the caller's stream.
@@ -762,7 +801,10 @@ BaselineTraffic BaselineMoe::last_traffic() const { return impl_->traffic; }
 
 void BaselineMoe::set_weights(const ExpertWeights& weights) {
   Impl& m = *impl_;
+  weights.check(m.config.model);
+  m.drain_last_call();
   fabric::detail::DeviceGuard guard;
+  m.forget_weights(m.first, m.first + m.num_local);
   for (int r = m.first; r < m.first + m.num_local; ++r) {
     const cuda::RankWeights w = cuda::slice_rank_weights(m.config, weights, r);
     COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(r)));
@@ -778,7 +820,10 @@ void BaselineMoe::set_weights(const ExpertWeights& weights) {
 void BaselineMoe::set_rank_weights(int rank, const RankExpertWeights& weights) {
   Impl& m = *impl_;
   m.fabric.check_local(rank, "BaselineMoe::set_rank_weights");
+  cuda::check_rank_weights(m.config, weights);
+  m.drain_last_call();
   fabric::detail::DeviceGuard guard;
+  m.forget_weights(rank, rank + 1);
   COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(rank)));
   m.allocate_weights(rank);
   cuda::copy_rank_weights(m.config, weights, m.w0[rank], m.w1[rank]);
@@ -791,6 +836,8 @@ void BaselineMoe::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;
   fabric::detail::DeviceGuard guard;
   const size_t H = m.config.model.hidden, Fl = m.config.ffn_per_rank();
+  m.drain_last_call();
+  m.forget_weights(m.first, m.first + m.num_local);
   for (int r = m.first; r < m.first + m.num_local; ++r) {
     COMET_CUDA_CHECK(cudaSetDevice(m.fabric.device_of(r)));
     m.allocate_weights(r);
@@ -823,6 +870,7 @@ void BaselineMoe::forward(const std::vector<RankTensors>& in, CUstream_st* strea
               "the host once per call (docs/baselines.md); MoeLayer's forward can be captured");
   m.tensor_check.check(in, m.fabric, stream);
   m.check_heap();
+  m.agree_options();  // collective on a multi-process fabric, once after each set_options
   fabric::detail::DeviceGuard guard;
   m.begin(stream);
   m.route(in);
