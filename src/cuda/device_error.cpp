@@ -13,7 +13,7 @@ const char* wait_role_name(WaitRole role) {
     case WaitRole::kCommColumnBlock: return "layer1 column block completion";
     case WaitRole::kCommArrivals: return "partial rows from a peer";
     case WaitRole::kBarrier: return "barrier";
-    case WaitRole::kBadTokenCount: return "token count within T_max";
+    case WaitRole::kBadTokenCount: return "token count within [0, T_max]";
     case WaitRole::kBadExpertId: return "expert id within [-1, E)";
     case WaitRole::kRowOverflow: return "rows within the buffer bound";
     case WaitRole::kRepeatedExpert: return "each expert at most once per token";
@@ -46,6 +46,8 @@ std::string describe(const DeviceError& e) {
       const uint32_t bits = uint32_t(e.observed);
       std::memcpy(&w, &bits, sizeof w);
       os << ", got " << w;
+    } else if (e.role == int32_t(WaitRole::kRepeatedExpert)) {  // `observed` is the repeated id
+      os << ", got expert " << int64_t(e.observed) << " twice in one token's top-k";
     } else {
       os << " (bound " << e.expected << "), got " << int64_t(e.observed);
     }

@@ -641,10 +641,13 @@ void check_plan_shape(const PlanShape& s) {
                                                          << " experts per rank, the tiles hold at most "
                                                          << kMaxGemmExperts);
   // The layout kernel indexes the chunk counts and the tile lists in 32 bits.
-  COMET_CHECK(int64_t(s.world) * s.chunks * s.experts_per_rank < INT32_MAX &&
-                  s.max_m_tiles * std::max(s.n_blocks0, s.n_blocks1) < INT32_MAX,
+  COMET_CHECK(int64_t(s.world) * s.chunks * s.experts_per_rank < INT32_MAX,
               "build_device_plan: T_max " << s.t_max << " with W=" << s.world << " and E/EP=" << s.experts_per_rank
                                           << " is too large for the device plan's 32-bit indices");
+  COMET_CHECK(s.max_m_tiles * std::max(s.n_blocks0, s.n_blocks1) < INT32_MAX,
+              "build_device_plan: " << s.max_m_tiles << " M tiles x " << std::max(s.n_blocks0, s.n_blocks1)
+                                    << " column blocks are too many GEMM tiles for the device plan's 32-bit indices "
+                                       "(fewer tokens per rank, or a smaller H or F/TP)");
   // PlanShape::group_of is exact below this bound (the counting kernel's packed slots also need
   // local experts below 2^16: kSlotIdCount above).
   COMET_CHECK(ExpertGroupOf::exact_below(s.num_experts, s.experts_per_rank),

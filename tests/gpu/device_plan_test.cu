@@ -334,7 +334,12 @@ TEST(DevicePlan, RefusesZeroMaxTokens) {
 TEST(DeviceError, DescribesInputErrorsAndTimeouts) {
   const DeviceError count{.claimed = 1, .rank = 1, .role = int32_t(WaitRole::kBadTokenCount), .signal = 2,
                           .expected = 64, .observed = uint64_t(int64_t(-3))};
-  EXPECT_EQ(describe(count), "rank 1: bad input from rank 2: expected token count within T_max (bound 64), got -3");
+  EXPECT_EQ(describe(count),
+            "rank 1: bad input from rank 2: expected token count within [0, T_max] (bound 64), got -3");
+  const DeviceError repeat{.claimed = 1, .rank = 1, .role = int32_t(WaitRole::kRepeatedExpert), .signal = 2,
+                           .expected = 8, .observed = 5};
+  EXPECT_EQ(describe(repeat), "rank 1: bad input from rank 2: expected each expert at most once per token, got "
+                              "expert 5 twice in one token's top-k");
   const DeviceError weight{.claimed = 1, .rank = 1, .role = int32_t(WaitRole::kBadWeight), .signal = 2,
                            .observed = 0x7fc00000u};  // a quiet NaN
   EXPECT_EQ(describe(weight), "rank 1: bad input from rank 2: expected a finite routing weight, got nan");
