@@ -70,10 +70,11 @@ void derive_bootstrap_file(const Getter& get, long parent_pid, ProcessEnv& env) 
   const auto addr = lookup(get, "MASTER_ADDR");
   const auto port = lookup(get, "MASTER_PORT");
   const auto restart = lookup(get, "TORCHELASTIC_RESTART_COUNT");
-  COMET_CHECK(run_id || (addr && port),
-              "RANK and WORLD_SIZE are set, but there is no way to meet the other ranks: set "
-              "COMET_BOOTSTRAP_FILE to a path every rank can reach (`comet launch` does), or run under "
-              "torchrun (which sets TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT)");
+  if (!run_id && !(addr && port))
+    throw NoBootstrapError(
+        "RANK and WORLD_SIZE are set, but there is no way to meet the other ranks: set "
+        "COMET_BOOTSTRAP_FILE to a path every rank can reach (`comet launch` does), or run under "
+        "torchrun (which sets TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT)");
   std::string name = "/tmp/comet-bootstrap";
   std::ostringstream source;
   source << "derived from";

@@ -29,6 +29,7 @@
 #include <string>
 
 #include "comet/config.h"
+#include "comet/error.h"
 
 namespace comet {
 
@@ -47,6 +48,14 @@ struct ProcessEnv {
   double timeout_s = kDefaultFabricTimeoutS;
 };
 
+// RANK and WORLD_SIZE are set and valid, but nothing names a bootstrap file: neither
+// COMET_BOOTSTRAP_FILE nor torchrun's variables. A process that only asks whether it is one rank
+// of a launch tells this apart from a malformed value (which it should not run past).
+class NoBootstrapError : public Error {
+ public:
+  explicit NoBootstrapError(const std::string& message) : Error(message) {}
+};
+
 // The id of the process that started this one (getppid()).
 long parent_process_id();
 
@@ -56,7 +65,7 @@ long parent_process_id();
 // variable for a malformed or inconsistent value: not a decimal integer, only one of a pair
 // set, WORLD_SIZE outside [1, 64], RANK outside [0, WORLD_SIZE), LOCAL_WORLD_SIZE outside
 // [1, WORLD_SIZE], LOCAL_RANK outside [0, LOCAL_WORLD_SIZE), a timeout that is not a positive
-// number, or no way to name a bootstrap file.
+// number; NoBootstrapError when no bootstrap file can be named (every other check passed).
 std::optional<ProcessEnv> read_process_env(
     const std::function<const char*(const char*)>& get = [](const char* name) { return std::getenv(name); },
     long parent_pid = parent_process_id());

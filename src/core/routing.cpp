@@ -2,7 +2,9 @@
 #include "comet/routing.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -123,19 +125,24 @@ RoutingSpec parse_routing_spec(const std::string& text) {
   const std::string kind = text.substr(0, colon);
   const std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
   auto number = [&](double lo) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(arg, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    COMET_CHECK(used == arg.size() && !arg.empty() && std::isfinite(v) && v >= lo,
+    // strtod rather than stod: stod throws for a value that underflows (1e-310, below the
+    // smallest normal double), which is a number all the same and reads as the tiny value it is.
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(arg.c_str(), &end);
+    const bool whole = !arg.empty() && end == arg.c_str() + arg.size();
+    COMET_CHECK(!whole || errno != ERANGE || std::abs(v) <= std::numeric_limits<double>::min(),
+                "routing '" << text << "': " << arg << " is too large for a double");
+    COMET_CHECK(whole && std::isfinite(v) && v >= lo,
                 "routing '" << text << "': expected a number >= " << lo << " after '" << kind << ":'");
     return v;
   };
-  if (kind == "uniform" && arg.empty()) {
+  // uniform takes no parameter: "uniform:" (an empty one) is refused as "uniform:1" is, not
+  // read as plain uniform.
+  if (kind == "uniform" && colon == std::string::npos) {
     spec.kind = RoutingKind::kUniform;
+  } else if (kind == "uniform") {
+    throw Error("routing '" + text + "': uniform takes no parameter (give it as 'uniform', without a colon)");
   } else if (kind == "zipf") {
     spec.kind = RoutingKind::kZipf;
     spec.param = number(0.0);
@@ -193,11 +200,13 @@ Routing generate_routing(const RoutingSpec& spec, int num_tokens, int num_expert
   const std::vector<double> load = expert_load_distribution(spec, num_experts, seed);
   Rng rng(derive_seed(seed, 1000 + uint64_t(rank)));
   Routing r = sized_routing(num_tokens, topk);
-  std::vector<double> left(num_experts);
+  // The loads of the experts a token has not drawn yet. Only its drawn experts change, so they
+  // are put back after each token instead of copying all E loads again: with topk 1 that copy
+  // cost as much as the draw itself. The draws are the same either way.
+  std::vector<double> left = load;
   std::vector<double> logit(topk);
   for (int t = 0; t < num_tokens; ++t) {
     // Draw topk distinct experts with probability proportional to load (without replacement).
-    left = load;
     double left_sum = 1.0;
     for (int k = 0; k < topk; ++k) {
       double u = rng.uniform() * left_sum;
@@ -215,6 +224,10 @@ Routing generate_routing(const RoutingSpec& spec, int num_tokens, int num_expert
       left_sum -= std::max(0.0, left[pick]);
       left[pick] = -1.0;  // used
       r.expert_ids[size_t(t) * topk + k] = pick;
+    }
+    for (int k = 0; k < topk; ++k) {
+      const int drawn = r.expert_ids[size_t(t) * topk + k];
+      left[drawn] = load[drawn];
     }
     // Weights: softmax over seeded logits of the drawn experts (largest logit first).
     double max_logit = -1e300;

@@ -20,8 +20,8 @@ struct RepeatedJsonKey {
   std::string key;
   int depth = 0;        // of the object that holds it: 1 is the outermost
   std::string top_key;  // the outermost object's key whose value holds it (depth > 1)
-  int top_index = -1;   // which object of that value: 0 for an object, its index among the
-                        // objects of an array
+  int top_index = -1;   // where in that value: 0 for an object, for an array the index of
+                        // the element that holds it (every element counted, whatever its type)
 };
 
 // nlohmann::json::parse(text) (its exceptions included), and the first repeated key, if any.

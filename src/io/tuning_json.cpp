@@ -57,6 +57,13 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
   COMET_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
                   j["format"].get<std::string>() == kTuningFormat,
               "tuning table " << origin << ": \"format\" must be \"" << kTuningFormat << "\"");
+  // Only the keys tuning_table_json writes: a misspelt "entries" or a setting this reader does
+  // not know would otherwise be dropped without a word.
+  for (const auto& [key, value] : j.items()) {
+    (void)value;
+    COMET_CHECK(key == "format" || key == "entries",
+                "tuning table " << origin << ": unknown key \"" << key << "\" (a table has \"format\" and \"entries\")");
+  }
   COMET_CHECK(j.contains("entries") && j["entries"].is_array(), "tuning table " << origin << ": no \"entries\" array");
   TuningTable table;
   int index = 0;

@@ -121,11 +121,32 @@ TEST(ProcessEnv, TorchrunDerivesAFileFromTheRun) {
 }
 
 TEST(ProcessEnv, NoBootstrapSourceExplainsWhatToSet) {
-  EXPECT_TRUE(throws_with<Error>([] { read({{"RANK", "0"}, {"WORLD_SIZE", "2"}}); },
-                                 {"COMET_BOOTSTRAP_FILE", "torchrun", "MASTER_ADDR"}));
+  EXPECT_TRUE(throws_with<NoBootstrapError>([] { read({{"RANK", "0"}, {"WORLD_SIZE", "2"}}); },
+                                            {"COMET_BOOTSTRAP_FILE", "torchrun", "MASTER_ADDR"}));
   // A master address without a port is not enough.
-  EXPECT_TRUE(throws_with<Error>([] { read({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}); },
-                                 {"COMET_BOOTSTRAP_FILE"}));
+  EXPECT_TRUE(throws_with<NoBootstrapError>([] { read({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}); },
+                                            {"COMET_BOOTSTRAP_FILE"}));
+}
+
+// `comet run` lets a process with RANK and WORLD_SIZE but no bootstrap run (not a launch), and
+// refuses a malformed value: the two must not share a type. Without a bootstrap file too, a
+// malformed value is reported as such, not as the missing file.
+TEST(ProcessEnv, MalformedValuesAreNotAMissingBootstrap) {
+  for (const Vars& vars : {Vars{{"RANK", "abc"}, {"WORLD_SIZE", "2"}}, Vars{{"RANK", "0"}, {"WORLD_SIZE", "100"}},
+                           Vars{{"RANK", "5"}, {"WORLD_SIZE", "2"}}}) {
+    for (const bool with_file : {false, true}) {
+      Vars v = vars;
+      if (with_file) v["COMET_BOOTSTRAP_FILE"] = "/tmp/unused.id";
+      try {
+        read(v);
+        ADD_FAILURE() << "RANK=" << v["RANK"] << " WORLD_SIZE=" << v["WORLD_SIZE"] << " was accepted";
+      } catch (const NoBootstrapError& e) {
+        ADD_FAILURE() << "RANK=" << v["RANK"] << " WORLD_SIZE=" << v["WORLD_SIZE"] << ": " << e.what();
+      } catch (const Error& e) {
+        EXPECT_TRUE(contains(e.what(), v["RANK"] == "abc" ? "RANK=\"abc\"" : v["RANK"] == "5" ? "RANK=5" : "WORLD_SIZE=100"));
+      }
+    }
+  }
 }
 
 TEST(ProcessEnv, TimeoutVariable) {

@@ -408,9 +408,27 @@ TEST(RoutingSpec, ParsesGoodStrings) {
 
 TEST(RoutingSpec, RejectsBadStrings) {
   for (const char* bad : {"", "unif", "zipf:", "zipf:abc", "zipf:1.2x", "imbalance:", "imbalance:x",
-                          "gaussian:0.1", ":1.2", "uniform:abc"}) {
+                          "gaussian:0.1", ":1.2", "uniform:abc", "uniform:"}) {
     EXPECT_TRUE(throws_with<Error>([&] { parse_routing_spec(bad); })) << "'" << bad << "'";
   }
+}
+
+// "uniform:" is a parameter left out, not uniform; a parameter that underflows a double
+// (1e-310, stod's out_of_range) is the tiny number it is, and one that overflows is named too
+// large rather than "not a number".
+TEST(RoutingSpec, TrailingColonTinyAndHugeParameters) {
+  EXPECT_TRUE(throws_with<Error>([] { parse_routing_spec("uniform:"); }, {"'uniform:'", "uniform takes no parameter"}));
+  for (const char* tiny : {"zipf:1e-310", "zipf:4.9e-324", "zipf:1e-400", "imbalance:1e-320"}) {
+    SCOPED_TRACE(tiny);
+    RoutingSpec spec;
+    ASSERT_NO_THROW(spec = parse_routing_spec(tiny));
+    EXPECT_GE(spec.param, 0.0);
+    EXPECT_LT(spec.param, 1e-300);
+    const auto d = expert_load_distribution(spec, 8, 1);
+    for (double p : d) EXPECT_NEAR(p, 1.0 / 8, 1e-12);
+  }
+  EXPECT_TRUE(throws_with<Error>([] { parse_routing_spec("zipf:-1e-310"); }, {"expected a number >= 0"}));
+  EXPECT_TRUE(throws_with<Error>([] { parse_routing_spec("zipf:1e400"); }, {"1e400 is too large"}));
 }
 
 // A spec built in code with a NaN, infinite or negative parameter is refused where it is used,

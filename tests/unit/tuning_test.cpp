@@ -179,6 +179,37 @@ TEST(TuningJson, RefusesRepeatedKeysAndRepeatedWorkloads) {
   EXPECT_EQ(io::parse_tuning_table(two, "t.json").entries().size(), 2u);
 }
 
+// The repeated key's entry is its index in "entries", every element counted: a non-object
+// before it (refused later, as "not an object") once shifted the number to the wrong entry.
+TEST(TuningJson, RepeatedKeyNamesItsEntryCountingEveryElement) {
+  const std::string one = io::tuning_table_json(table_with({{4096, 20, 21}}));
+  const size_t open = one.find('[');
+  const size_t close = one.rfind(']');
+  const std::string entry = one.substr(open + 1, close - open - 1);
+  std::string repeated = entry;
+  const std::string from = "\"n_comm0\": 20";
+  repeated.replace(repeated.find(from), from.size(), from + ", \"n_comm0\": 8");
+  const std::string text = one.substr(0, open + 1) + "5, [1, {}], " + entry + ", " + repeated + one.substr(close);
+  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(text, "t.json"); },
+                                 {"t.json entry 3: key \"n_comm0\" appears twice"}));
+}
+
+// The header's promise, at the top level too: only "format" and "entries", what
+// tuning_table_json writes; another key (a misspelt one, a setting this reader does not know)
+// is refused by name rather than dropped.
+TEST(TuningJson, RefusesUnknownTopLevelKeys) {
+  const std::string text = io::tuning_table_json(table_with({{4096, 20, 21}}));
+  EXPECT_EQ(text.find("{\n  \"entries\""), 0u) << text;
+  for (const std::string key : {"entires", "note", "n_comm0"}) {
+    const std::string quoted = "\"" + key + "\"";
+    const std::string edited = "{" + quoted + ": 1, " + text.substr(1);
+    EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(edited, "t.json"); },
+                                   {"t.json: unknown key " + quoted}))
+        << key;
+  }
+  EXPECT_EQ(io::parse_tuning_table(text, "t.json").entries().size(), 1u);
+}
+
 // A GPU name that is not UTF-8 (the driver's bytes) is written with U+FFFD, not refused after the
 // whole sweep ran.
 TEST(TuningJson, NonUtf8GpuNameIsReplacedNotRefused) {
