@@ -9,6 +9,9 @@
 // afterwards and has the last word.
 #include "cli_common.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -18,10 +21,12 @@
 #include <limits>
 #include <optional>
 #include <sstream>
+#include <system_error>
 
 #include "comet/error.h"
 #include "core/process_env.h"
 #include "io/trace_writers.h"
+#include "io/tuning_json.h"
 
 namespace comet::tools {
 namespace {
@@ -221,12 +226,47 @@ void check_comm_blocks(const std::vector<int>& n_comm0, const std::vector<int>& 
 
 void check_output_path(const std::string& path, const std::string& option) {
   if (path.empty()) return;
+  // Not found is what a file yet to be written is; any other error of the look-up (a name too
+  // long, a loop of symbolic links, a directory that may not be searched) is one the write would
+  // meet after the run, so it is refused now, by name. The throwing overloads would end the
+  // command as an unexpected failure instead.
+  const auto look_up = [&](const std::filesystem::path& p, const std::string& what) {
+    std::error_code error;
+    const std::filesystem::file_status status = std::filesystem::status(p, error);
+    if (error && status.type() != std::filesystem::file_type::not_found)
+      throw UsageError(option + ": " + what + "\"" + p.string() + "\": " + error.message());
+    return status;
+  };
   // A directory cannot be opened as a file: refused now rather than when the run writes.
-  if (std::filesystem::is_directory(path))
+  if (std::filesystem::is_directory(look_up(path, "")))
     throw UsageError(option + ": \"" + path + "\" is a directory, not a file");
   const auto dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty() && !std::filesystem::is_directory(dir))
+  if (!dir.empty() && !std::filesystem::is_directory(look_up(dir, "directory ")))
     throw UsageError(option + ": directory \"" + dir.string() + "\" does not exist");
+}
+
+void check_replaceable_output(const std::string& path, const std::string& option) {
+  const std::string tmp = path + ".tmp";
+  // A file already there (a writer that was killed left it) is the writer's to replace, not
+  // this check's to remove.
+  std::error_code error;
+  const bool existed = std::filesystem::exists(std::filesystem::symlink_status(tmp, error));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    const std::string why = std::error_code(errno, std::generic_category()).message();
+    throw UsageError(option + ": cannot create \"" + tmp + "\" (" + why + "), which is written first and renamed over \"" +
+                     path + "\"");
+  }
+  ::close(fd);
+  if (!existed) std::filesystem::remove(tmp, error);
+}
+
+TuningTable load_tuning_option(const std::string& path, const std::string& option) {
+  try {
+    return io::load_tuning_table(path);
+  } catch (const Error& e) {
+    throw UsageError(option + ": " + user_message(e.what()));
+  }
 }
 
 void check_trace_path(const std::string& path, const std::string& written) {
@@ -417,6 +457,19 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
                      " tokens per rank x topk " + std::to_string(m.topk) + " = " + std::to_string(slots) +
                      " routing slots, more than the " + std::to_string(kMaxRoutingSlots) +
                      " this tool plans for (fewer --tokens, ranks or --topk)");
+  // The slot cap does not see E, which the routing and the plan's counts scale with.
+  const int64_t routing_work = slots * m.num_experts;
+  if (routing_work > kMaxRoutingWork)
+    throw UsageError("W " + std::to_string(world) + " x " + std::to_string(c.max_tokens_per_rank) +
+                     " tokens per rank x topk " + std::to_string(m.topk) + " x E " + std::to_string(m.num_experts) +
+                     " = " + std::to_string(routing_work) + " (routing slots x experts), more than the " +
+                     std::to_string(kMaxRoutingWork) + " this tool routes (fewer --experts, --tokens, ranks or --topk)");
+  const int64_t plan_counts = int64_t(world) * world * (m.num_experts / o.ep);
+  if (plan_counts > kMaxPlanCounts)
+    throw UsageError("W " + std::to_string(world) + " x W " + std::to_string(world) + " x E/EP " +
+                     std::to_string(m.num_experts / o.ep) + " = " + std::to_string(plan_counts) +
+                     " (plan counts, one per src rank, dst rank and local expert), more than the " +
+                     std::to_string(kMaxPlanCounts) + " this tool plans for (fewer --experts or ranks, or a larger --ep)");
 
   // Routing.
   w.routing = parse_routing_option(o.routing);

@@ -21,6 +21,7 @@
 #include "comet/layer0_mode.h"
 #include "comet/layer1_combine.h"
 #include "comet/routing.h"
+#include "comet/tuning.h"
 
 namespace comet::tools {
 
@@ -29,8 +30,19 @@ inline constexpr int kMaxTokensPerRank = 65536;
 inline constexpr int kMaxRanks = kMaxWorldSize;  // LayerConfig::validate()'s bound
 // Routing slots of a workload, W x tokens per rank x topk: the full-size plan holds all of them,
 // and the two caps above still allow 64 x 65536 x topk (topk 64: 2^28 slots, over 10 GB). At
-// this cap a plan takes about 2 GB; the documented workloads have at most 2^18 slots.
+// this cap a plan takes about 1 GB at TP 1 (each slot is a row on every TP rank of its expert,
+// so TP multiplies the rows); the documented workloads have at most 2^18 slots.
 inline constexpr int64_t kMaxRoutingSlots = int64_t(1) << 24;
+// Routing slots x E: generating the routing walks the E expert loads for every slot
+// (core/routing.cpp), which the slot cap alone left at up to 2^40 steps (--experts 65536 --topk
+// 64 --ep 64). At this cap every preset still runs at the slot cap (deepseek-v3: 2^24 x 256),
+// in seconds.
+inline constexpr int64_t kMaxRoutingWork = int64_t(1) << 32;
+// W x W x E / EP: the plan keeps a row count per (src rank, dst rank, local expert), and
+// `comet plan` a copy of them; --experts 65536 --ep 1 --tp 64 asked for 2^28 of them (1 GB) for
+// one token per rank. Every preset at every layout of up to 64 ranks needs at most 2^20
+// (deepseek-v3 at EP 1 x TP 64); at this cap the counts take 16 MB, and `comet plan`'s copy 32 MB.
+inline constexpr int64_t kMaxPlanCounts = int64_t(1) << 22;
 
 // --n-comm0/--n-comm1 (bench layer, tune): more than any GPU's SMs (H200: 132); MoeLayer then
 // refuses what the GPU at hand cannot run.
@@ -63,8 +75,18 @@ std::string user_message(const std::string& what);
 // Newlines folded into "; " so that an error is always exactly one line.
 std::string one_line(const std::string& text);
 // An output file option (`option` FILE): its directory must exist and it must not be a
-// directory, so that a typo fails before the run, not after it. An empty path is no file.
+// directory, so that a typo fails before the run, not after it; a look-up that fails for
+// another reason than a missing file (a name too long, a loop of symbolic links) is refused
+// with the system's reason. UsageError naming the option and the path. An empty path is no file.
 void check_output_path(const std::string& path, const std::string& option);
+// An output that is written to `path`.tmp and then renamed over `path` (tune --out,
+// io::save_tuning_table): `path`.tmp must be creatable now, so that a sweep of minutes does not
+// end in a write that fails. UsageError naming the option, the file and the reason otherwise;
+// leaves nothing behind that was not there.
+void check_replaceable_output(const std::string& path, const std::string& option);
+// The tuning table at `path` that `option` names (bench layer --tuning, an existing tune
+// --out): one that cannot be read or is malformed is bad input, a UsageError naming the option.
+TuningTable load_tuning_option(const std::string& path, const std::string& option);
 // --trace FILE.json (run, bench layer): FILE.json and the FILE.svg written beside it
 // (io::trace_svg_path) both pass check_output_path, and a path ending in .svg is refused (the
 // JSON would be written there and the picture to FILE.svg.svg). `written` is the JSON path the

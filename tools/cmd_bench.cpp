@@ -14,7 +14,6 @@
 #include "commands.h"
 #include "progress.h"
 #include "io/trace_writers.h"
-#include "io/tuning_json.h"
 #include "comet/config.h"
 #include "comet/routing.h"
 
@@ -213,6 +212,9 @@ int bench_layer_command(const BenchLayerOptions& o) {
     throw UsageError("--copies0 gemm: the GEMM blocks' copies cannot be paced to an emulated link (--emulate-link)");
   if (link.on() && has_gemm(o.layer1_combine))
     throw UsageError("--combine1 gemm: the GEMM blocks' combine cannot be paced to an emulated link (--emulate-link)");
+  // A malformed table is bad input, refused before the GPU is touched.
+  TuningTable tuning;
+  if (!o.tuning_file.empty()) tuning = load_tuning_option(o.tuning_file, "--tuning");
   check_bench_inputs(o.models, o.tokens, "comet bench",
                      layouts.empty() ? std::vector<std::pair<int, int>>{{o.ep, o.tp}} : layouts);
 #ifdef COMET_HAVE_CUDA
@@ -227,7 +229,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.n_comm1 = o.n_comm1;
   lo.layer0_group_m = o.layer0_group_m;
   lo.layer0_stages = o.layer0_stages;
-  if (!o.tuning_file.empty()) lo.tuning = io::load_tuning_table(o.tuning_file);
+  lo.tuning = tuning;
   lo.iters = o.iters;
   lo.warmup_ms = o.warmup_ms;
   lo.seed = o.seed;

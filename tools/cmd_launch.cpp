@@ -5,7 +5,8 @@
 //   comet launch -n 2 --timeout-s 60 -- sh -c 'echo $RANK of $WORLD_SIZE'
 //
 // The command is everything after `--` (or from the first word that is not an option of
-// launch), passed to the ranks untouched, so its own options never reach CLI11.
+// launch), passed to the ranks untouched, so its own options never reach CLI11. Before `--`, a
+// word that starts with '-' and is not launch's is refused as an unknown option.
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -51,6 +52,11 @@ void set_launch_command(LaunchOptions& o, const CLI::App& launch_cmd, int argc, 
   // Words CLI11 left over started the command before the `--` (prefix_command keeps them in
   // order); that `--` is then the program's own and stays in its arguments.
   o.command = launch_cmd.remaining();
+  // The first word launch does not know ends its options, so a mistyped option (--timeout for
+  // --timeout-s) would be started as the command; a command whose name starts with '-' can
+  // still come after `--`.
+  if (!o.command.empty() && o.command[0].starts_with('-'))
+    throw UsageError("unknown launch option \"" + o.command[0] + "\" (" + kUsage + ")");
   if (parse_end >= argc) return;
   if (!o.command.empty()) o.command.emplace_back("--");
   for (int i = parse_end + 1; i < argc; ++i) o.command.emplace_back(argv[i]);

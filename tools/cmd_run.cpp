@@ -415,7 +415,11 @@ int run_command(const RunOptions& o) {
   std::optional<ProcessEnv> launched;
   try {
     if (o.fabric != "nccl") launched = read_process_env();
-  } catch (const Error&) {  // RANK and WORLD_SIZE without a way to meet: not a launch to refuse
+  } catch (const NoBootstrapError&) {  // RANK and WORLD_SIZE without a way to meet: not a launch to refuse
+  } catch (const Error& e) {
+    // A malformed or inconsistent value (RANK=abc, WORLD_SIZE=100, RANK=5 with WORLD_SIZE=2)
+    // leaves unknown whether this process is one rank of several: refused rather than guessed.
+    throw UsageError("the launch environment: " + user_message(e.what()));
   }
   if (launched && launched->world > 1)
     throw UsageError("this process is rank " + std::to_string(launched->rank) + " of " +

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <system_error>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -47,12 +48,20 @@ int tune_command(const TuneOptions& o) {
   // --out is required, so an empty path is a mistake (check_output_path lets it through as "no file").
   if (o.out.empty()) throw UsageError("--out: the path of the tuning table is empty");
   check_output_path(o.out, "--out");
+  // With one process per rank every rank measures (the forward needs all of them); rank 0 writes.
+  const bool quiet = quiet_rank(o.fabric);
+  // The table is written after the sweep: what would make that fail is refused before it, a
+  // malformed table whose entries are to be kept included.
+  TuningTable table;
+  if (!quiet) {
+    std::error_code error;  // an error other than not-found: check_output_path refused it
+    if (std::filesystem::exists(o.out, error)) table = load_tuning_option(o.out, "--out");
+    check_replaceable_output(o.out, "--out");
+  }
   check_bench_inputs(o.models, o.tokens, "comet tune", {{o.ep, o.tp}});
 #ifdef COMET_HAVE_CUDA
   const cuda::DeviceInfo info = cuda::query_device_info();
   check_comm_blocks(o.n_comm0, o.n_comm1, info.num_sms, info.name);
-  TuningTable table;
-  if (std::filesystem::exists(o.out)) table = io::load_tuning_table(o.out);
 
   bench::LayerBenchOptions lo;
   lo.models = o.models;
@@ -68,8 +77,6 @@ int tune_command(const TuneOptions& o) {
   lo.warmup_ms = 50;
   lo.baselines = false;
   lo.fabric = o.fabric;
-  // With one process per rank every rank measures (the forward needs all of them); rank 0 writes.
-  const bool quiet = quiet_rank(o.fabric);
   const int world = o.ep * o.tp;
   if (!quiet)
     std::cerr << "comet tune: " << info.name << " (" << info.num_sms << " SMs), W " << world << " = EP " << o.ep

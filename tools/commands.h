@@ -132,9 +132,11 @@ int bench_layer_command(const BenchLayerOptions& options);
 
 // comet launch: N processes of one command with RANK, WORLD_SIZE, ... set (tools/launch.h).
 // The command is what follows launch's options: after `--`, or from the first word that is not
-// an option. CLI11 hands a subcommand's `--` back to the parent app, which would reject the
-// words after it, so main() parses only argv[0, launch_parse_end) and set_launch_command
-// collects the command from what CLI11 left over plus the words after that `--`.
+// an option (a word before `--` that starts with '-' but is not one of launch's options is
+// refused: a mistyped option is not a command). CLI11 hands a subcommand's `--` back to the
+// parent app, which would reject the words after it, so main() parses only argv[0,
+// launch_parse_end) and set_launch_command collects the command from what CLI11 left over plus
+// the words after that `--` (UsageError for the unknown option).
 struct LaunchOptions {
   int num_ranks = 0;
   double timeout_s = 0;

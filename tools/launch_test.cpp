@@ -387,6 +387,25 @@ TEST_F(LaunchTest, ExecFailureIsOneErrorLineAndLeavesNothing) {
   EXPECT_TRUE(leftover_launch_dirs().empty());
 }
 
+// A word before `--` that looks like an option but is not one of launch's (--timeout for
+// --timeout-s) is refused by name; it was started as the command.
+TEST_F(LaunchTest, UnknownLaunchOptionIsRefusedNotRun) {
+  for (const char* options : {"-n 2 --timeout 5 --", "--timeout 5 -n 2 --", "-n 2 -x sh -c true"}) {
+    const Outcome o = sh(std::string("TMPDIR=\"$WORK\" \"$COMET\" launch ") + options + " sh -c true");
+    EXPECT_EQ(o.code, 2) << options << "\n" << shown(o);
+    EXPECT_EQ(o.out, "");
+    const std::string word = std::string(options).find("-x") != std::string::npos ? "-x" : "--timeout";
+    EXPECT_EQ(o.err, "comet: error: unknown launch option \"" + word +
+                         "\" (usage: comet launch -n N [--timeout-s S] -- <command> [args...])\n")
+        << options;
+    EXPECT_TRUE(leftover_launch_dirs().empty());
+  }
+  // After `--` a word starting with '-' is the command's, as before.
+  const Outcome o = sh(R"("$COMET" launch -n 1 -- -comet-no-such-command)");
+  EXPECT_EQ(o.code, 2) << shown(o);
+  EXPECT_NE(o.err.find("cannot run \"-comet-no-such-command\": command not found"), std::string::npos) << shown(o);
+}
+
 TEST_F(LaunchTest, ProgramArgumentsAreNotParsed) {
   // After `--` (or from the first word that is not an option) everything is the program's,
   // including its own `--` and options that launch also has.
