@@ -37,10 +37,14 @@
 namespace comet::cuda {
 
 // Whether launch_kernel() sets the attribute: on unless COMET_DEPENDENT_LAUNCH=0 (read once).
+// Any value but 0 or 1 throws, as COMET_HALF_TILES does: "off" or "false" must not mean on.
 inline bool dependent_launches() {
   static const bool on = [] {
     const char* v = std::getenv("COMET_DEPENDENT_LAUNCH");
-    return v == nullptr || std::string_view(v) != "0";
+    if (v == nullptr) return true;
+    const std::string_view s(v);
+    COMET_CHECK(s == "0" || s == "1", "COMET_DEPENDENT_LAUNCH must be 0 or 1, got '" << s << "'");
+    return s == "1";
   }();
   return on;
 }
