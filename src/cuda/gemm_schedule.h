@@ -85,8 +85,11 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
 // every other, within one. Unsplit, the last wave's blocks run up to ceil(rest / G) whole tiles
 // while the average is rest / G; split, ceil(rest x parts / G) / parts. `parts` is the count in
 // [2, kSplitMaxParts] with the shortest last wave, if it shortens it by at least kSplitMinGain of
-// a tile; else 1 (unsplit). Also unsplit: tiles of under kSplitMinKTiles k-tiles (a piece moves
-// a 64 or 128 KB fp32 partial through L2 twice, which short tiles do not repay).
+// a tile, and by at least split.min_gain_fraction of the busiest block's unsplit schedule; else
+// 1 (unsplit). A piece runs at least kSplitMinPieceKTiles k-tiles (a piece moves a 64 or 128 KB
+// fp32 partial through L2 twice and re-fills the pipeline, which short pieces do not repay: cut
+// into 5 pieces of 6-7 k-tiles, qwen3's GEMM0 at K = 2048 ran 44% slower), so tiles of under
+// kSplitMinKTiles k-tiles stay whole.
 // Why pieces in part-major order and not stream-K's contiguous k ranges per slot: Mixtral's GEMM1
 // tiles need L2 reuse (7.3 MB of operands per 128 x 128 tile; a wave reads each A row block
 // for 4 column blocks at once). Stream-K slots start mid-tile at different k, so tiles that
@@ -99,7 +102,8 @@ struct GemmSplitPlan {
   int parts;        // 1: unsplit
   int64_t entries;  // whole + rounds of `slots` entries holding rest x parts pieces
 };
-inline constexpr int kSplitMinKTiles = 32;
+inline constexpr int kSplitMinPieceKTiles = 16;
+inline constexpr int kSplitMinKTiles = 2 * kSplitMinPieceKTiles;
 inline constexpr double kSplitMinGain = 0.25;
 COMET_HOST_DEVICE inline GemmSplitPlan gemm_split_plan(int64_t tiles, const GemmSplit& split) {
   const GemmSplitPlan unsplit{tiles, 0, 1, tiles};
@@ -109,9 +113,10 @@ COMET_HOST_DEVICE inline GemmSplitPlan gemm_split_plan(int64_t tiles, const Gemm
   // The last wave per block, in tiles: the largest piece count of a block over the parts.
   auto last_wave = [&](int parts) { return double((rest * parts + blocks - 1) / blocks) / parts; };
   int best = 1;
-  for (int parts = 2; parts <= kSplitMaxParts && parts <= split.k_tiles; ++parts)
+  for (int parts = 2; parts <= kSplitMaxParts && parts * kSplitMinPieceKTiles <= split.k_tiles; ++parts)
     if (last_wave(parts) < last_wave(best) - 1e-9) best = parts;
-  if (best == 1 || last_wave(1) - last_wave(best) < kSplitMinGain) return unsplit;
+  const double gain = last_wave(1) - last_wave(best), unsplit_length = double(whole / blocks) + last_wave(1);
+  if (best == 1 || gain < kSplitMinGain || gain < double(split.min_gain_fraction) * unsplit_length) return unsplit;
   const int64_t pieces = rest * best, rounds = (pieces + slots - 1) / slots;
   return {whole, rest, best, whole + rounds * slots};
 }

@@ -145,6 +145,9 @@ struct GemmSplit {
   int blocks = 0;           // the launch's grid
   int tiles_per_block = 1;  // tiles a block runs at once: 1 cooperative, 2 ping-pong
   int k_tiles = 0;          // k-tiles of a whole tile: ceil(K / 64)
+  // A split must also shorten the busiest block's schedule by this fraction of its unsplit
+  // length (cuda/gemm_schedule.h, gemm_split_plan); 0: any last wave it shortens enough.
+  float min_gain_fraction = 0.f;
   COMET_HOST_DEVICE int slots() const { return blocks * tiles_per_block; }
 };
 inline constexpr int kSplitMaxParts = 6;  // k ranges a split tile is cut into, at most

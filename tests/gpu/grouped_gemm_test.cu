@@ -446,7 +446,7 @@ TEST(GroupedGemm, DeviceScheduleIsTheHostOne) {
     if (split_blocks > 0 && gemm_cluster_m(kernel) != 1) continue;
     SCOPED_TRACE(std::string(gemm_kernel_name(kernel)) + (order == TileOrder::kRowMajor ? " row-major" : " column-major") +
                  " column blocks " + std::to_string(nb) + " split blocks " + std::to_string(split_blocks));
-    const GemmSplit split = split_blocks > 0 ? gemm_split_for(kernel, 64 * 40, split_blocks) : GemmSplit{};
+    const GemmSplit split = split_blocks > 0 ? gemm_split_for(kernel, 64 * 96, split_blocks) : GemmSplit{};  // 96 k-tiles: up to 6 parts
     const int64_t capacity = max_gemm_tiles(max_rows, E, nb, kernel, split);
     DeviceBuffer<GemmTile> tiles(capacity);
     DeviceBuffer<GemmSplitPiece> pieces(split_blocks > 0 ? capacity : 0);

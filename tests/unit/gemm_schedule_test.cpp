@@ -260,5 +260,35 @@ TEST(GemmSchedule, SplitOnlyWhereItPays) {
   EXPECT_GT(parts(200, {132, 1, 224}), 1);                    // 68 blocks of 132 run a second tile
 }
 
+// A relative floor (GemmSplit::min_gain_fraction) on top of the quarter tile: Mixtral's GEMM1 at
+// 4096 tokens per rank gains 0.2 of its busiest block's 8 tiles (2.5%), so a 10% floor leaves it
+// whole; at 128 tokens (EP 8: 256 rows, 2 M tiles x 16 column blocks of the cooperative 128 x 256
+// tiles) its 32 tiles leave 100 of 132 SMs idle, and 4 parts cut its schedule by 75%. Parts are
+// at most k-tiles / kSplitMinPieceKTiles.
+TEST(GemmSchedule, RelativeGainFloor) {
+  GemmSplit pingpong{132, 2, 224};
+  EXPECT_EQ(gemm_split_plan(2048, pingpong).parts, 5);
+  pingpong.min_gain_fraction = 0.1f;
+  EXPECT_EQ(gemm_split_plan(2048, pingpong).parts, 1);
+  GemmSplit cooperative{132, 1, 224, 0.1f};
+  const GemmSplitPlan decode = gemm_split_plan(32, cooperative);
+  EXPECT_EQ(decode.parts, 4);
+  EXPECT_EQ(decode.whole, 0);
+  EXPECT_EQ(decode.entries, 132);  // 128 pieces and 4 idle entries: one round
+  // GEMM0 + SwiGLU there: 2 M tiles x 112 column blocks (64 k-tiles) = 224 tiles, 1.7 waves;
+  // 4 parts make the second wave 0.75 of a tile: 12.5% of 2 tiles.
+  EXPECT_EQ(gemm_split_plan(224, GemmSplit{132, 1, 64, 0.1f}).parts, 4);
+  EXPECT_EQ(gemm_split_plan(224, GemmSplit{132, 1, 64, 0.2f}).parts, 1);
+  // MoeLayer's floor (kLayerSplitMinGainFraction 0.5): a single wave under half full.
+  const GemmSplit layer{132, 1, 224, 0.5f};
+  EXPECT_EQ(gemm_split_plan(32, layer).parts, 4);
+  EXPECT_EQ(gemm_split_plan(66, layer).parts, 2);  // half the SMs: two halves fill them
+  EXPECT_EQ(gemm_split_plan(80, layer).parts, 1);  // 3 parts: 2 of 3 thirds, a third saved
+  EXPECT_EQ(gemm_split_plan(224, layer).parts, 1);
+  // Pieces of at least kSplitMinPieceKTiles k-tiles: K = 2048 (32) splits in two at most.
+  EXPECT_EQ(gemm_split_plan(32, GemmSplit{132, 1, 32}).parts, 2);
+  EXPECT_EQ(gemm_split_plan(32, GemmSplit{132, 1, kSplitMinKTiles - 1}).parts, 1);
+}
+
 }  // namespace
 }  // namespace comet::cuda
