@@ -286,7 +286,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
         for (const RoutingSpec& routing : o.routings) workloads.push_back({ep, tp, name, tokens, routing});
   const int combos = int(o.n_comm0.size() * o.n_comm1.size() * o.layer0_group_m.size() * o.layer0_stages.size() *
                          o.unfused_gemms.size() * o.layer0_copies.size() * o.dispatch_orders.size() *
-                         o.epilogue_combine.size() * o.layer1_combine.size());
+                         o.epilogue_combine.size() * o.layer1_combine.size() * o.split_gemms.size());
   const int total = int(workloads.size()) * combos;
   int done = 0;
   for (const Workload& w : workloads) {
@@ -314,10 +314,12 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     const double remote_bytes = total_link_bytes(c, plan);
     const GpuSpec gpu = bound_spec(o.link);
     const LayerCost cost = layer_cost(c, plan, gpu);
-    // The unfused output once per workload: every fused variant must equal it bitwise.
+    // The unfused output once per workload: every fused variant must equal it bitwise. Unsplit:
+    // split GEMMs (LayerOptions::split_gemms) round their tiles' sums differently.
     LayerOptions unfused;
     unfused.path = ForwardPath::kUnfused;  // not kTuned: a --tuning table could choose fused
     unfused.link = o.link;
+    unfused.split_gemms = false;
     layer.set_options(unfused);
     const std::vector<uint16_t> want = checked_forward(layer, c, *in, tokens, stream);
     // Every comparison of the workload is against this output: a non-finite value in it (the
@@ -344,6 +346,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
         for (std::optional<Layer0Copies> copies0 : o.layer0_copies)
         for (std::optional<DispatchOrder> order0 : o.dispatch_orders)
         for (bool epilogue_combine : o.epilogue_combine)
+        for (std::optional<bool> split_gemms : o.split_gemms)
         for (std::optional<Layer1Combine> combine1 : o.layer1_combine) {
           if ((copies0 == Layer0Copies::kGemmBlocks && n0 != o.n_comm0.front()) ||  // n_comm0 unused
               (combine1 == Layer1Combine::kGemmBlocks && n1 != o.n_comm1.front())) {  // n_comm1 unused
@@ -360,7 +363,9 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           fused.unfused_gemms = unfused_gemms;  // compute-only runs the unfused GEMMs under either
           fused.epilogue_combine = epilogue_combine;
           fused.layer1_combine = combine1;
-          LayerOptions unfused_row = unfused;
+          LayerOptions unfused_row = unfused;  // timed with the row's split (unset: the layer's default)
+          unfused_row.split_gemms = split_gemms;
+          fused.split_gemms = split_gemms;  // compute-only runs the unfused GEMMs under either
           unfused_row.unfused_gemms = unfused_gemms;
           unfused_row.epilogue_combine = epilogue_combine;
           unfused_row.layer1_combine = combine1;
@@ -396,8 +401,22 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           if (unfused_gemms != unfused.unfused_gemms || epilogue_combine != unfused.epilogue_combine ||
               combine1 != unfused.layer1_combine) {
             // this row's unfused forward gives the same output too
-            layer.set_options(unfused_row);
+            LayerOptions unsplit = unfused_row;
+            unsplit.split_gemms = false;
+            layer.set_options(unsplit);
             row.fused_equals_unfused = row.fused_equals_unfused && checked_forward(layer, c, *in, tokens, stream) == want;
+          }
+          layer.set_options(unfused_row);
+          row.split_gemms.clear();
+          for (int l = 0; l < 2; ++l)
+            if (layer.split_gemms(l)) row.split_gemms += std::to_string(l);
+          if (row.split_gemms.empty()) {
+            row.split_gemms = "-";
+          } else {  // the split unfused forward: deterministic, within bf16 rounding of the unsplit one
+            const std::vector<uint16_t> split = checked_forward(layer, c, *in, tokens, stream);
+            const ref::Comparison cmp = compare_bf16(split, want, c.model.hidden);
+            row.split_within_tolerance = cmp.within(ref::tolerance_for(DType::kBF16)) &&
+                                         checked_forward(layer, c, *in, tokens, stream) == split;
           }
 
           std::vector<Variant> variants = {

@@ -51,6 +51,9 @@ struct LayerBenchOptions {
   std::vector<std::optional<DispatchOrder>> dispatch_orders{std::nullopt};
   // LayerOptions::epilogue_combine of the fused and unfused forwards, swept: one row each.
   std::vector<bool> epilogue_combine{true};
+  // LayerOptions::split_gemms of the unfused forward and compute-only, swept: one row each;
+  // unset: MoeLayer's default (the GEMMs that would split at T_max).
+  std::vector<std::optional<bool>> split_gemms{std::nullopt};
   // LayerOptions::layer1_combine of the fused and unfused forwards (and so of compute-only's
   // GEMM1), swept: one row each; unset: MoeLayer chooses (tuning table, else communication
   // blocks). With the combine in the GEMM blocks n_comm1 is unused, so only the first n_comm1
@@ -89,14 +92,18 @@ struct LayerBenchRow {
   bool epilogue_combine = true;  // LayerOptions::epilogue_combine of both forwards
   Layer1Combine layer1_combine = Layer1Combine::kCommBlocks;  // of both forwards (as MoeLayer resolved it)
   bool half_tiles = true;  // the GEMMs' (MoeLayer::half_tiles(), of both forwards)
+  // The unfused GEMMs that build split schedules (MoeLayer::split_gemms: "-", "0", "1" or "01"),
+  // and whether that unfused output is within the bf16 tolerance of the unsplit one.
+  std::string split_gemms = "-";
+  bool split_within_tolerance = true;
   std::string n_comm_source;
   double flop = 0;  // both GEMMs, all ranks
   double fused_us = 0, unfused_us = 0, compute_us = 0, comm_us = 0;
   double plan_us = 0;  // the device plan kernels alone (part of every forward)
   double fused_gemms_us = 0;  // the fused kernels with idle comm blocks and no waits (Part::kFusedGemms)
   // Bitwise, all ranks' outputs, each forward into poisoned y: the fused output equals the
-  // workload's unfused one (default GEMMs), and so does this row's unfused output when its
-  // unfused_gemms is not the default.
+  // workload's unfused one (default GEMMs, unsplit), and so does this row's unfused output when
+  // its unfused_gemms is not the default (unsplit too; split_within_tolerance checks the split).
   bool fused_equals_unfused = false;
   double fused_over_compute() const { return fused_us / compute_us; }
   double fused_tflops() const { return flop / fused_us * 1e-6; }

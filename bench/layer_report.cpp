@@ -38,19 +38,20 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
        << (r.layer0_stages > 0 ? std::to_string(r.layer0_stages) : "auto") << std::setw(7)
        << unfused_gemms_name(r.unfused_gemms) << std::setw(7) << layer0_copies_name(r.layer0.copies)
        << std::setw(5) << dispatch_order_name(r.layer0.order) << std::setw(4) << on_off(r.epilogue_combine)
-       << std::setw(7) << layer1_combine_name(r.layer1_combine) << std::setw(4) << on_off(r.half_tiles);
+       << std::setw(7) << layer1_combine_name(r.layer1_combine) << std::setw(4) << on_off(r.half_tiles)
+       << std::setw(4) << r.split_gemms;
   };
   const auto workload_header = [&os] {
     os << std::left << std::setw(16) << "model" << std::setw(15) << "routing" << std::right << std::setw(6) << "T"
        << std::setw(10) << "W(EPxTP)"
-       << std::setw(9) << "n_comm" << std::setw(5) << "gm0" << std::setw(5) << "st0" << std::setw(7) << "ugemm" << std::setw(7) << "cp0" << std::setw(5) << "or0" << std::setw(4) << "ec" << std::setw(7) << "cb1" << std::setw(4) << "ht";
+       << std::setw(9) << "n_comm" << std::setw(5) << "gm0" << std::setw(5) << "st0" << std::setw(7) << "ugemm" << std::setw(7) << "cp0" << std::setw(5) << "or0" << std::setw(4) << "ec" << std::setw(7) << "cb1" << std::setw(4) << "ht" << std::setw(4) << "sk";
   };
   // Times.
   workload_header();
   os << std::setw(11) << "fused us" << std::setw(12) << "unfused us" << std::setw(12) << "compute us" << std::setw(10)
      << "comm us" << std::setw(9) << "plan us" << std::setw(11) << "fgemm us" << std::setw(10) << "fused/cmp" << std::setw(9) << "TFLOP/s" << std::setw(10)
      << "seq us" << std::setw(15) << "chunked us(C)" << std::setw(8) << "vs seq" << std::setw(10) << "vs chunk"
-     << "  fused==unfused  baselines ok  link\n";
+     << "  fused==unfused  split ok  baselines ok  link\n";
   for (const auto& r : rows) {
     const bool chunked = r.baselines_run() && r.chunked_chunks > 0;
     workload(r);
@@ -61,7 +62,8 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
        << (chunked ? fixed(r.chunked_us, 1) + "(" + std::to_string(r.chunked_chunks) + ")" : "-") << std::setw(8)
        << (r.baselines_run() ? fixed(r.speedup_over_sequential(), 2, "x") : "-") << std::setw(10)
        << (chunked ? fixed(r.speedup_over_chunked(), 2, "x") : "-") << "  " << std::left << std::setw(16)
-       << (r.fused_equals_unfused ? "yes" : "NO") << std::setw(14)
+       << (r.fused_equals_unfused ? "yes" : "NO") << std::setw(10)
+       << (r.split_gemms == "-" ? "-" : r.split_within_tolerance ? "yes" : "NO") << std::setw(14)
        << (r.baselines_run() ? (r.baselines_match ? "yes" : "NO") : "-") << r.link.short_name() << std::right << "\n";
   }
   if (rows.empty()) return;
@@ -126,7 +128,7 @@ std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {
     nlohmann::json row = {{"model", r.model}, {"routing", r.routing}, {"fabric", r.fabric}, {"timed_rank", r.rank},
                           {"tokens_per_rank", r.tokens}, {"world", r.world}, {"ep", r.ep},
                           {"tp", r.tp}, {"n_comm0", r.n_comm0}, {"n_comm1", r.n_comm1},
-                          {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"layer0_stages", r.layer0_stages}, {"unfused_gemms", unfused_gemms_name(r.unfused_gemms)}, {"layer0_copies", layer0_copies_name(r.layer0.copies)}, {"dispatch_order", dispatch_order_name(r.layer0.order)}, {"epilogue_combine", r.epilogue_combine}, {"layer1_combine", layer1_combine_name(r.layer1_combine)}, {"half_tiles", r.half_tiles}, {"flop", r.flop}, {"fused_us", r.fused_us},
+                          {"n_comm_source", r.n_comm_source}, {"layer0_group_m", r.layer0_group_m}, {"layer0_stages", r.layer0_stages}, {"unfused_gemms", unfused_gemms_name(r.unfused_gemms)}, {"layer0_copies", layer0_copies_name(r.layer0.copies)}, {"dispatch_order", dispatch_order_name(r.layer0.order)}, {"epilogue_combine", r.epilogue_combine}, {"layer1_combine", layer1_combine_name(r.layer1_combine)}, {"half_tiles", r.half_tiles}, {"split_gemms", r.split_gemms}, {"split_within_tolerance", r.split_within_tolerance}, {"flop", r.flop}, {"fused_us", r.fused_us},
                           {"unfused_us", r.unfused_us}, {"compute_only_us", r.compute_us},
                           {"comm_only_us", r.comm_us}, {"plan_us", r.plan_us}, {"fused_gemms_only_us", r.fused_gemms_us}, {"fused_over_compute", r.fused_over_compute()},
                           {"fused_tflops", r.fused_tflops()}, {"fused_equals_unfused", r.fused_equals_unfused},

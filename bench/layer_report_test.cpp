@@ -115,6 +115,21 @@ TEST(LayerReport, RowsSayWhetherTheGemmsUsedHalfTiles) {
   expect_on_off_column(&LayerBenchRow::half_tiles, " ht", "half_tiles");
 }
 
+// Which unfused GEMMs built split schedules (MoeLayer::split_gemms): column `sk` ("-", or the
+// layers), key `split_gemms`; and whether that output agreed with the unsplit one: `split ok`.
+TEST(LayerReport, RowsSayWhichGemmsSplitAndWhetherTheyAgreed) {
+  LayerBenchRow none = row(), both = row();
+  both.split_gemms = "01";
+  both.split_within_tolerance = false;
+  EXPECT_EQ(column_of_two_rows(none, both, " sk"), std::make_pair(std::string("  -"), std::string(" 01")));
+  EXPECT_EQ(column_of_two_rows(none, both, "split ok"), std::make_pair(std::string("-       "), std::string("NO      ")));
+  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({none, both}));
+  EXPECT_EQ(j[0]["split_gemms"].get<std::string>(), "-");
+  EXPECT_EQ(j[1]["split_gemms"].get<std::string>(), "01");
+  EXPECT_TRUE(j[0]["split_within_tolerance"].get<bool>());
+  EXPECT_FALSE(j[1]["split_within_tolerance"].get<bool>());
+}
+
 // The ranks of one GPU take turns (local fabric, W = 8 on two GPUs: four per GPU): the note
 // under the table says so, the link rate counts each rank's turn, and JSON carries the count.
 TEST(LayerReport, SeveralRanksPerGpuTakeTurns) {

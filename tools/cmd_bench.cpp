@@ -85,6 +85,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
                 "(fused and unfused forwards; docs/gpu_layer.md), comma separated list swept: on, off")
       ->delimiter(',')
       ->check(CLI::IsMember({"on", "off"}));
+  l->add_option("--split-gemms", lo.split_gemms,
+                "split schedules in the unfused pipeline's GEMMs and compute-only (LayerOptions::split_gemms; "
+                "docs/gemm.md), comma separated list swept: auto (the GEMMs that would split at T_max), on, off")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   add_fabric_option(*l, lo.fabric);
   l->add_flag("--json", lo.json, "JSON instead of the table");
   l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg")
@@ -242,6 +247,9 @@ int bench_layer_command(const BenchLayerOptions& o) {
   lo.epilogue_combine.clear();
   for (const std::string& e : o.epilogue_combine) lo.epilogue_combine.push_back(e == "on");
   lo.layer1_combine = layer1_combine_list(o.layer1_combine);
+  lo.split_gemms.clear();
+  for (const std::string& s : o.split_gemms)
+    lo.split_gemms.push_back(s == "auto" ? std::nullopt : std::optional<bool>(s == "on"));
   lo.chunks = o.chunks;
   lo.fabric = o.fabric;
   lo.link = link;

@@ -97,6 +97,10 @@ int tune_command(const TuneOptions& o) {
                   std::to_string(r.tokens) + " with n_comm " + std::to_string(r.n_comm0) + "/" +
                   std::to_string(r.n_comm1) + ", layer0 " + describe(r.layer0) + ", layer1 combine " +
                   layer1_combine_name(r.layer1_combine) + "; no table written");
+    if (!r.split_within_tolerance)
+      throw Error("comet tune: the unfused forward with split GEMMs (layers " + r.split_gemms +
+                  ") is not within the bf16 tolerance of the unsplit one for " + r.model + " T=" +
+                  std::to_string(r.tokens) + ", or not deterministic; no table written");
     LayerConfig c;
     c.model = ModelPresets::get(r.model);
     c.layout = {r.world, r.ep, r.tp};

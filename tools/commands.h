@@ -88,6 +88,7 @@ struct BenchLayerOptions {
   std::vector<std::string> unfused_gemms{"fused"};  // each fused | auto (LayerOptions::unfused_gemms), swept
   std::vector<std::string> epilogue_combine{"on"};  // each on | off (LayerOptions::epilogue_combine), swept
   std::vector<std::string> layer1_combine{"auto"};    // each auto | blocks | gemm (LayerOptions::layer1_combine), swept
+  std::vector<std::string> split_gemms{"auto"};       // each auto | on | off (LayerOptions::split_gemms), swept
   bool json = false;
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
   std::string trace;                // timeline of one traced fused forward per row (FILE.json + FILE.svg)

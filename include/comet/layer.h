@@ -62,7 +62,8 @@ class Fabric;
 // Both give the same output bit for bit.
 enum class UnfusedGemms { kFusedSchedule, kAuto };
 
-// Which forward() runs. Both compute the same output bit for bit (docs/gpu_layer.md).
+// Which forward() runs. Both compute the same output bit for bit (docs/gpu_layer.md), unless the
+// unfused GEMMs split tiles along K (LayerOptions::split_gemms): then within bf16 rounding.
 enum class ForwardPath {
   kUnfused,  // the unfused pipeline: one kernel per step
   kFused,    // the two fused Comet kernels
@@ -72,6 +73,14 @@ enum class ForwardPath {
   // large T and slower for the small-expert ones (docs/gpu_layer.md).
   kTuned,
 };
+
+// LayerOptions::split_gemms unset: the shortest schedule a layer's split GEMM must save, as a
+// fraction of its unsplit schedule (the busiest SM's tiles): in effect, a single wave that
+// fills under half the SMs. A split piece re-pays the pipeline fill and moves its fp32 partial
+// through L2 twice, and a split list is built by a kernel of its own on a cooperative launch,
+// so smaller gains lost to the layer's claimed tiles (12-19% of a schedule in waves, Mixtral's
+// and Phi's GEMM0 at 128-512 tokens per rank: docs/results/2026-12-01-short-batches.md).
+inline constexpr double kLayerSplitMinGainFraction = 0.5;
 
 // How forward() runs.
 struct LayerOptions {
@@ -113,6 +122,20 @@ struct LayerOptions {
   // Unset: comet/plan.h default_half_tiles, on for long experts (COMET_HALF_TILES=0 or 1 in the
   // environment overrides that default). The output is bitwise the same either way.
   std::optional<bool> half_tiles;
+  // Split schedules in the unfused pipeline's GEMMs (and compute-only): a GEMM whose tiles leave
+  // most SMs idle, or a last wave partly idle, has those tiles cut into k ranges that run on
+  // more SMs, their fp32 partial sums added in a fixed order (docs/gemm.md "Split schedules").
+  // The device decides per call from the real rows (no host synchronization); the layer builds
+  // split schedules at all only for the GEMMs that would split at T_max under uniform routing.
+  // Unset: those GEMMs, where the split shortens the schedule by at least
+  // kLayerSplitMinGainFraction (decode-sized batches with long K: Mixtral's GEMM1 at 32 tokens
+  // per rank and EP 8 has 32 ping-pong tiles for 132 SMs); true: every GEMM whose configuration
+  // can split (no clusters, not the plain-activation epilogue), at any gain of a quarter tile;
+  // false: never. A split changes the rounding of the split tiles' sums: the output is
+  // deterministic, within bf16 rounding of the unsplit one, and then not bitwise the fused
+  // kernels' (which never split). (Short batches also run GEMM1 on ping-pong 128 x 128 tiles,
+  // docs/gpu_layer.md "Short batches": the same sums, bit for bit.)
+  std::optional<bool> split_gemms;
   double timeout_s = 5.0;  // every device-side wait: fails when its signal has not moved for this long
   int stall_rank = -1;     // fault injection for tests: this rank's communication blocks do nothing
   // Fault injection for tests: forward() throws comet::Error in place of its n-th fused-kernel
@@ -192,6 +215,9 @@ class MoeLayer {
   Layer1CombineChoice layer1_combine() const;
   // Whether the GEMM tile lists use half tiles (LayerOptions::half_tiles, else the default).
   bool half_tiles() const;
+  // Whether the unfused pipeline builds split schedules for layer `layer`'s GEMM (0 or 1;
+  // LayerOptions::split_gemms); the device then splits when the call's rows make it pay.
+  bool split_gemms(int layer) const;
 
   // Benchmarks only. Deterministic pseudo-random weights (uniform, scale 1/sqrt(fan-in)) written
   // on the device: full-size presets have more weights than fit in host fp32.

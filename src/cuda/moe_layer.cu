@@ -151,9 +151,11 @@ struct MoeLayer::Impl {
     const int32_t** id_table = nullptr;
     const float** weight_table = nullptr;
     // The unfused pipeline's GEMM schedules (one allocation): layer0's tiles, layer1's tiles,
-    // then their two counts, built each forward from the plan's expert rows for the kernel
-    // configuration kAuto chose (unfused_kernel), which need not be the fused kernels' one.
+    // layer0's split pieces, layer1's, then their two counts, built each forward from the plan's
+    // expert rows when the unfused GEMMs do not run the plan's own lists (unfused_gemm_kernel,
+    // splits), unfused_capacity[layer] entries each.
     cuda::GemmTile* unfused_tiles[2] = {nullptr, nullptr};
+    cuda::GemmSplitPiece* unfused_pieces[2] = {nullptr, nullptr};
     int32_t* unfused_num_tiles = nullptr;
     // Epoch bookkeeping of the fused kernels, one allocation: tile base/target [MT] each,
     // column base/target [NB1] each (cuda/device_plan.h), the combine work counter, then the
@@ -165,13 +167,25 @@ struct MoeLayer::Impl {
   // The local ranks of one GPU: entries [first, first + count) of `ranks` (a fabric puts the
   // ranks of a GPU next to each other). With group_streams, the group's stream on its device,
   // and the event that marks the end of its work of a call.
+  // The split workspace (GroupedGemmArgs::split_partials, split_flags) is the group's: its
+  // ranks' GEMMs run one after another on one stream, so one serves them all. Allocated when a
+  // layer may split (ensure_split_workspace); the flags zeroed then and after a timeout.
   struct Group {
     int device = 0;
     int first = 0, count = 0;
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;
+    float* split_partials = nullptr;
+    uint64_t* split_flags = nullptr;
   };
   std::vector<Group> groups;
+  const Group& group_of(const Rank& k) const {
+    const int i = local_index(k);
+    for (const Group& g : groups)
+      if (i >= g.first && i < g.first + g.count) return g;
+    COMET_CHECK(false, "MoeLayer: rank " << k.rank << " is in no GPU group");
+    return groups.front();
+  }
   // Timeline buffers (LayerOptions::trace), one allocation per local rank made by the first
   // traced forward and zeroed before each one; every record is a KernelTraceEvent (32 bytes):
   //   tiles0  [MT * NB0]  layer0 GEMM tiles, slot = tile index
@@ -245,7 +259,11 @@ struct MoeLayer::Impl {
   LayerTarget target;
   // The path, the layer0 mode, the layer1 combine and n_comm from options, the tuning table
   // (nearest entry at T_max) or the defaults and the cost model.
-  void resolve_choices() { choices = resolve_layer_choices(config, options, tuning, target); }
+  void resolve_choices() {
+    choices = resolve_layer_choices(config, options, tuning, target);
+    for (int layer = 0; layer < 2; ++layer) splits[layer] = unfused_split(layer);
+    ensure_split_workspace();
+  }
   int layer0_group_m() const {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
     return fused_path() ? kFusedLayer0GroupM : cuda::kRasterGroupM;
@@ -427,17 +445,100 @@ struct MoeLayer::Impl {
   // chooses per layer (docs/gemm.md) on static tiles of a schedule built on the stream from the
   // plan's expert rows (the same row segments, so the same outputs bit for bit).
   cuda::GemmKernel unfused_kernel[2] = {cuda::GemmKernel::kAuto, cuda::GemmKernel::kAuto};
-  int unfused_n_blocks[2] = {0, 0};
   int64_t unfused_capacity[2] = {0, 0};
-  void resolve_unfused_gemms() {
+  // The configurations a layer's unfused GEMM can run: kAuto's, and the fused kernels' (layer1's
+  // follows the combine: cooperative 128 x 256 or ping-pong 128 x 128).
+  static constexpr cuda::GemmKernel kFusedGemmKernels[] = {cuda::GemmKernel::kCooperative128x256,
+                                                           cuda::GemmKernel::kPingpong128x128};
+  // kAuto's configurations, and tile lists for any of them, split on `num_sms` blocks or not.
+  void resolve_unfused_gemms(int num_sms) {
     for (int layer = 0; layer < 2; ++layer) {
       const cuda::GroupedGemmArgs g = gemm_shape(layer);
       unfused_kernel[layer] = cuda::resolve_gemm_kernel(g);
-      unfused_n_blocks[layer] = cuda::gemm_num_n_blocks(g.epilogue, g.n, unfused_kernel[layer]);
-      unfused_capacity[layer] = cuda::max_gemm_tiles(g.max_rows, g.num_experts, unfused_n_blocks[layer],
-                                                     unfused_kernel[layer]);
+      unfused_capacity[layer] = 0;
+      std::vector<cuda::GemmKernel> kernels(std::begin(kFusedGemmKernels), std::end(kFusedGemmKernels));
+      kernels.push_back(unfused_kernel[layer]);
+      for (cuda::GemmKernel kernel : kernels)
+        unfused_capacity[layer] = std::max(
+            unfused_capacity[layer],
+            cuda::max_gemm_tiles(g.max_rows, g.num_experts, cuda::gemm_num_n_blocks(g.epilogue, g.n, kernel), kernel,
+                                 cuda::gemm_split_for(kernel, g.k, num_sms)));
     }
   }
+  // The configuration a layer's unfused GEMM runs (LayerOptions::unfused_gemms): the fused
+  // kernels' (the plan's tile lists, unless it splits), or kAuto's on a list built from the
+  // plan's expert rows. GEMM0 of a plain activation runs kAuto's: its epilogue is instantiated
+  // for ping-pong only, and the fused kernels fuse SwiGLU.
+  bool unfused_runs_fused_schedule(int layer) const {
+    return options.unfused_gemms == UnfusedGemms::kFusedSchedule && (layer == 1 || gated());
+  }
+  // GEMM1 of a short batch runs ping-pong 128 x 128 instead of cooperative 128 x 256 (the same
+  // sums, bit for bit): twice the tiles fill twice the SMs where fewer cooperative tiles than
+  // half the SMs are expected at T_max (Mixtral's GEMM1 at 128 tokens per rank, EP 8: 77 us
+  // against 139, docs/results/2026-12-01-short-batches.md).
+  cuda::GemmKernel unfused_gemm_kernel(int layer) const {
+    if (!unfused_runs_fused_schedule(layer)) return unfused_kernel[layer];
+    if (layer == 0) return cuda::GemmKernel::kCooperative128x256;
+    const cuda::GemmKernel fused = layer1_kernel();
+    if (fused == cuda::GemmKernel::kCooperative128x256 && 2 * expected_tiles(1, fused) < target.num_sms)
+      return cuda::GemmKernel::kPingpong128x128;
+    return fused;
+  }
+  // Tiles of a layer's GEMM on `kernel` at T_max under uniform routing: W * T_max * topk rows
+  // spread over the routed experts.
+  int64_t expected_tiles(int layer, cuda::GemmKernel kernel) const {
+    const cuda::GroupedGemmArgs g = gemm_shape(layer);
+    const int64_t routed = std::max(1, config.model.routed_experts());
+    const int64_t rows = (int64_t(config.layout.world) * config.max_tokens_per_rank * config.model.topk + routed - 1) / routed;
+    return (rows + cuda::kGemmBlockM - 1) / cuda::kGemmBlockM * g.num_experts * cuda::gemm_num_n_blocks(g.epilogue, g.n, kernel);
+  }
+  // The split a layer's unfused GEMM builds its schedules with (LayerOptions::split_gemms;
+  // blocks 0: none): by default only where the GEMM would split at T_max under uniform routing,
+  // W * T_max * topk rows spread over the routed experts, by at least kLayerSplitMinGainFraction.
+  // The device builder decides again from each call's rows.
+  cuda::GemmSplit splits[2];
+  cuda::GemmSplit unfused_split(int layer) const {
+    const cuda::GroupedGemmArgs g = gemm_shape(layer);
+    const cuda::GemmKernel kernel = unfused_gemm_kernel(layer);
+    if (options.split_gemms == false || cuda::gemm_cluster_m(kernel) != 1 || g.epilogue == cuda::GemmEpilogue::kActivation)
+      return {};
+    cuda::GemmSplit split = cuda::gemm_split_for(kernel, g.k, target.num_sms);
+    if (options.split_gemms == true) return split;
+    split.min_gain_fraction = float(kLayerSplitMinGainFraction);
+    return cuda::gemm_split_plan(expected_tiles(layer, kernel), split).parts > 1 ? split : cuda::GemmSplit{};
+  }
+  // Every group's split workspace, once a layer may split: sized for either configuration that
+  // splits (cooperative or ping-pong, whatever the options choose later), so never reallocated
+  // (a captured graph keeps its pointers).
+  void ensure_split_workspace() {
+    if (splits[0].blocks == 0 && splits[1].blocks == 0) return;
+    int64_t floats = 0, flags = 0;
+    for (int layer = 0; layer < 2; ++layer)
+      for (cuda::GemmKernel kernel : kFusedGemmKernels) {
+        const cuda::GemmSplit split = cuda::gemm_split_for(kernel, gemm_shape(layer).k, target.num_sms);
+        floats = std::max(floats, cuda::gemm_split_partial_floats(kernel, split));
+        flags = std::max(flags, cuda::gemm_split_flags(split));
+      }
+    DeviceGuard guard;
+    for (Group& g : groups) {
+      if (g.split_flags) continue;
+      COMET_CUDA_CHECK(cudaSetDevice(g.device));
+      void* partials = nullptr;
+      void* words = nullptr;
+      COMET_CUDA_CHECK(cudaMalloc(&partials, size_t(floats) * sizeof(float)));
+      if (cudaMalloc(&words, size_t(flags) * sizeof(uint64_t)) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(partials);
+        COMET_CHECK(false, "MoeLayer: could not allocate the split GEMMs' flags on GPU " << g.device);
+      }
+      COMET_CUDA_CHECK(cudaMemset(words, 0, size_t(flags) * sizeof(uint64_t)));
+      COMET_CUDA_CHECK(cudaDeviceSynchronize());
+      g.split_partials = static_cast<float*>(partials);
+      g.split_flags = static_cast<uint64_t*>(words);
+      split_flag_words = flags;
+    }
+  }
+  int64_t split_flag_words = 0;
   // Gemm1Rows::kComputeOnly (run_part(kGemms)): GEMM1 stores every row to its output, as a plain
   // grouped GEMM does, never into owners' slots; kAsPlanned follows epilogue_combine().
   enum class Gemm1Rows { kAsPlanned, kComputeOnly };
@@ -445,20 +546,29 @@ struct MoeLayer::Impl {
     for (int layer = 0; layer < 2; ++layer) {
       cuda::GroupedGemmArgs g = gemm_args(k, layer);
       if (rows == Gemm1Rows::kComputeOnly) g.row_combine = nullptr;
-      // The fused schedule is the cooperative configuration's, which GEMM0 of a plain
-      // activation does not have (gated() above).
-      if (options.unfused_gemms == UnfusedGemms::kFusedSchedule && (layer == 1 || gated())) {
+      const cuda::GemmSplit& split = splits[layer];
+      const cuda::GemmKernel kernel = unfused_gemm_kernel(layer);
+      if (unfused_runs_fused_schedule(layer) && kernel == g.kernel && split.blocks == 0) {  // the plan's tiles, claimed
         cuda::run_grouped_gemm(g, s);
         continue;
       }
-      g.kernel = unfused_kernel[layer];
+      g.kernel = kernel;
       g.tiles = k.unfused_tiles[layer];
       g.num_tiles = k.unfused_num_tiles + layer;
       g.tile_claims = nullptr;
-      cuda::build_gemm_tiles(k.plan.expert_rows, g.num_experts, unfused_n_blocks[layer], g.kernel,
-                             layer == 0 ? cuda::TileOrder::kRowMajor : cuda::TileOrder::kColumnBlockMajor,
+      cuda::GemmSplitPiece* pieces = split.blocks > 0 ? k.unfused_pieces[layer] : nullptr;
+      cuda::build_gemm_tiles(k.plan.expert_rows, g.num_experts, cuda::gemm_num_n_blocks(g.epilogue, g.n, g.kernel),
+                             g.kernel, layer == 0 ? cuda::TileOrder::kRowMajor : cuda::TileOrder::kColumnBlockMajor,
                              k.unfused_tiles[layer], k.unfused_num_tiles + layer, unfused_capacity[layer], s,
-                             k.plan.counts + 2, {}, nullptr, half_tiles());  // a refused plan: no tiles
+                             k.plan.counts + 2, split, pieces, half_tiles());  // a refused plan: no tiles
+      if (split.blocks > 0) {
+        const Group& group = group_of(k);
+        g.split = split;
+        g.split_pieces = pieces;
+        g.split_partials = group.split_partials;
+        g.split_flags = group.split_flags;
+        g.num_blocks = split.blocks;
+      }
       cuda::run_grouped_gemm(g, s);
     }
   }
@@ -761,6 +871,12 @@ struct MoeLayer::Impl {
                for (const char* name : {"tile_arrivals", "col_done", "barrier"})
                  COMET_CUDA_CHECK(cudaMemsetAsync(region(k, name), 0, layout.region(name).bytes, s));
              }});
+    // A split piece that timed out (or came after its finishing piece gave up) leaves its flag set.
+    on_groups(stream, {[&](const Rank* first, int, cudaStream_t s) {
+                const Group& g = group_of(*first);
+                if (g.split_flags)
+                  COMET_CUDA_CHECK(cudaMemsetAsync(g.split_flags, 0, size_t(split_flag_words) * sizeof(uint64_t), s));
+              }});
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
@@ -801,6 +917,8 @@ struct MoeLayer::Impl {
       cudaSetDevice(g.device);
       if (g.stream) cudaStreamDestroy(g.stream);
       if (g.done) cudaEventDestroy(g.done);
+      if (g.split_partials) cudaFree(g.split_partials);
+      if (g.split_flags) cudaFree(g.split_flags);
     }
     for (auto& [device, e] : fork_events) {
       cudaSetDevice(device);
@@ -837,8 +955,12 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
               "MoeLayer: the fabric has " << fabric.world() << " ranks, the layout " << config.layout.world);
   impl_ = std::make_unique<Impl>(config, fabric);
   Impl& m = *impl_;
-  m.resolve_unfused_gemms();
   const int W = m.config.layout.world, first = fabric.first_local_rank(), local = fabric.num_local_ranks();
+  // The tuning key's GPU name and SM count, and the layer's grids, from the device of the first
+  // local rank (with one process per GPU, this process's GPU, not device 0).
+  const cuda::DeviceInfo info = cuda::query_device_info(fabric.device_of(first));
+  COMET_CHECK(info.error.empty(), "MoeLayer: device " << fabric.device_of(first) << ": " << info.error);
+  m.resolve_unfused_gemms(info.num_sms);
   for (int r = first; r < first + local; ++r) {
     const int device = fabric.device_of(r);
     if (m.groups.empty() || m.groups.back().device != device) {
@@ -888,10 +1010,13 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
     {
       const int64_t tiles = m.unfused_capacity[0] + m.unfused_capacity[1];
       void* p = nullptr;
-      COMET_CUDA_CHECK(cudaMalloc(&p, tiles * sizeof(cuda::GemmTile) + 2 * sizeof(int32_t)));
+      COMET_CUDA_CHECK(
+          cudaMalloc(&p, tiles * (sizeof(cuda::GemmTile) + sizeof(cuda::GemmSplitPiece)) + 2 * sizeof(int32_t)));
       k.unfused_tiles[0] = static_cast<cuda::GemmTile*>(p);
       k.unfused_tiles[1] = k.unfused_tiles[0] + m.unfused_capacity[0];
-      k.unfused_num_tiles = reinterpret_cast<int32_t*>(k.unfused_tiles[1] + m.unfused_capacity[1]);
+      k.unfused_pieces[0] = reinterpret_cast<cuda::GemmSplitPiece*>(k.unfused_tiles[1] + m.unfused_capacity[1]);
+      k.unfused_pieces[1] = k.unfused_pieces[0] + m.unfused_capacity[0];
+      k.unfused_num_tiles = reinterpret_cast<int32_t*>(k.unfused_pieces[1] + m.unfused_capacity[1]);
     }
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -901,10 +1026,6 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
       COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
       COMET_CUDA_CHECK(cudaEventCreateWithFlags(&g.done, cudaEventDisableTiming));
     }
-  // The tuning key's GPU name and SM count, and the layer's grids, from the device of the first
-  // local rank (with one process per GPU, this process's GPU, not device 0).
-  const cuda::DeviceInfo info = cuda::query_device_info(m.ranks[0].device);
-  COMET_CHECK(info.error.empty(), "MoeLayer: device " << m.ranks[0].device << ": " << info.error);
   m.target.gpu = info.name;
   m.target.num_sms = info.num_sms;
   m.target.gpus = fabric.gpus();  // Loopback 1: the virtual ranks share one GPU
@@ -934,6 +1055,10 @@ PathChoice MoeLayer::path() const { return impl_->choices.path; }
 Layer0ModeChoice MoeLayer::layer0_mode() const { return impl_->choices.layer0; }
 Layer1CombineChoice MoeLayer::layer1_combine() const { return impl_->choices.layer1; }
 bool MoeLayer::half_tiles() const { return impl_->half_tiles(); }
+bool MoeLayer::split_gemms(int layer) const {
+  COMET_CHECK(layer == 0 || layer == 1, "MoeLayer::split_gemms: layer " << layer << " (0 or 1)");
+  return impl_->splits[layer].blocks > 0;
+}
 
 void MoeLayer::set_random_weights(uint64_t seed) {
   Impl& m = *impl_;

@@ -255,6 +255,11 @@ TEST(LinkEmulation, PacesEveryGraphReplay) {
   MoeLayer layer(wl.config, *wl.fabric);
   layer.set_random_weights(1);
   const cudaStream_t stream = wl.stream;
+  // The fused kernels never split: the reference is the unsplit unfused output (this shape's
+  // GEMM0, 64 cooperative tiles at K = 4096, would split by default: LayerOptions::split_gemms).
+  LayerOptions unsplit;
+  unsplit.split_gemms = false;
+  layer.set_options(unsplit);
   layer.forward(wl.tensors, stream);
   layer.check(stream);
   const std::vector<uint16_t> unfused = wl.download_y();

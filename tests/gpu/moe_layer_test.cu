@@ -94,6 +94,69 @@ TEST(MoeLayer, HalfTilesOnAndOffGiveTheSameOutput) {
   EXPECT_EQ(rig.forward(o), want) << "unfused, half tiles on";
 }
 
+// A decode-sized batch (LayerOptions::split_gemms): H = F = 2048, 8 experts, EP 2, at most 64
+// tokens per rank: about 32 rows per expert, so GEMM0 has 4 experts x 1 M tile x 16 column blocks
+// = 64 tiles, and GEMM1, a short batch's on ping-pong 128 x 128 tiles, 4 x 1 x 16 = 64 for 264
+// slots; by default both build split schedules (K = 2048: 32 k-tiles, two pieces). The split
+// output matches the oracle, repeats bit for bit, is within bf16 rounding of the unsplit output
+// (which the fused kernels, cooperative GEMM1 included, equal bit for bit), survives graph
+// capture with new token counts, a rank with none, and the compute-only part.
+TEST(MoeLayer, SplitGemmsOfADecodeBatchMatchTheOracleAndTheUnsplitOutput) {
+  COMET_REQUIRE_GPU();
+  LayerConfig c;
+  c.model.hidden = 2048;
+  c.model.ffn = 2048;
+  c.model.num_experts = 8;
+  c.model.topk = 2;
+  c.layout = {2, 2, 1};
+  c.max_tokens_per_rank = 64;
+  c.tiles = {128, 128, 256};
+  const RoutingSpec spec{RoutingKind::kZipf, 1.1, 0.1};
+  LayerRig rig(c, {64, 41}, spec, 23);
+  ASSERT_TRUE(rig.layer.split_gemms(0));
+  ASSERT_TRUE(rig.layer.split_gemms(1));
+  const auto oracle = ref::oracle_forward(rig.problem);
+  LayerOptions unsplit;
+  unsplit.path = ForwardPath::kUnfused;
+  unsplit.split_gemms = false;
+  const auto want = rig.forward(unsplit);
+  EXPECT_FALSE(rig.layer.split_gemms(0) || rig.layer.split_gemms(1)) << "split_gemms = false";
+  EXPECT_TRUE(testing::near_oracle(want, oracle, c.model.hidden));
+  LayerOptions fused = unsplit;
+  fused.path = ForwardPath::kFused;
+  EXPECT_EQ(rig.forward(fused), want) << "the fused kernels (never split) against the unsplit unfused pipeline";
+
+  LayerOptions split;
+  split.path = ForwardPath::kUnfused;
+  const auto got = rig.forward(split);
+  EXPECT_TRUE(testing::near_oracle(got, oracle, c.model.hidden));
+  std::vector<std::vector<double>> want_values;
+  for (const auto& rank : want) want_values.emplace_back(rank.begin(), rank.end());
+  EXPECT_TRUE(testing::near_oracle(got, want_values, c.model.hidden)) << "split against unsplit";
+  // The split tiles' fp32 sums round differently somewhere among these 105 x 2048 outputs: an
+  // output bitwise equal to the unsplit one would mean that nothing split.
+  EXPECT_NE(got, want) << "the split forward equals the unsplit one bit for bit: did anything split?";
+  EXPECT_EQ(rig.forward(split), got) << "a second split forward differs";
+  split.split_gemms = true;  // every GEMM that can split, at any gain of a quarter tile
+  EXPECT_EQ(rig.forward(split), got) << "split_gemms = true splits these GEMMs the same way";
+  split.split_gemms.reset();
+  rig.layer.run_part(MoeLayer::Part::kGemms, nullptr);
+  rig.layer.check(nullptr);
+  EXPECT_EQ(rig.forward(split), got) << "after the split compute-only part";
+
+  // Captured once, replayed with other token counts (one rank empty), each against the oracle.
+  testing::CapturedForward graph(rig.layer, rig.device.tensors());
+  for (const std::vector<int>& tokens : {std::vector<int>{0, 64}, std::vector<int>{17, 5}}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens[0]) + ", " + std::to_string(tokens[1]));
+    MoeProblem p = make_problem(c, tokens, spec, 24 + tokens[1]);
+    p.weights = rig.problem.weights;
+    rig.device.assign_inputs(cuda::DeviceProblem(c, p));
+    rig.device.poison_y();
+    graph.replay();
+    EXPECT_TRUE(testing::near_oracle(rig.device.download_y(), ref::oracle_forward(p), c.model.hidden));
+  }
+}
+
 TEST(MoeLayer, NewRoutingAndTokenCountsWithoutReallocation) {
   COMET_REQUIRE_GPU();
   LayerCase lc{"deepseek-v3", 16, 4, 2, 128, {128, 0, 77, 5}, {RoutingKind::kZipf, 1.5, 0.2}, 42};
