@@ -53,13 +53,14 @@ class Fabric;
 
 // Which grouped GEMMs the unfused pipeline (and compute-only, MoeLayer::Part::kGemms) runs:
 // - kFusedSchedule: the fused kernels' configuration (cooperative 128 x 256) on the plan's tile
-//   order, tiles claimed from a counter: what every layer measurement so far ran;
+//   order, tiles claimed from a counter; for a short batch, GEMM1 on ping-pong 128 x 128 tiles
+//   of a static schedule (docs/gpu_layer.md "Short batches");
 // - kAuto: the configuration kAuto chooses per layer (docs/gemm.md) on a static schedule built
-//   from the plan's expert rows, unsplit. Faster alone in `comet bench gemm`, but not in the
-//   layer: in one run against kFusedSchedule (W = 8, five presets) its compute-only was equal or
-//   up to 2.8% slower after the run's drift (docs/results/2026-11-30-split-tiles.md), so not the
+//   from the plan's expert rows. Faster alone in `comet bench gemm`, but not in the layer: in
+//   one run against kFusedSchedule (W = 8, five presets) its compute-only was equal or up to
+//   2.8% slower after the run's drift (docs/results/2026-11-30-split-tiles.md), so not the
 //   default.
-// Both give the same output bit for bit.
+// Both give the same output bit for bit; either may split tiles along K (split_gemms below).
 enum class UnfusedGemms { kFusedSchedule, kAuto };
 
 // Which forward() runs. Both compute the same output bit for bit (docs/gpu_layer.md), unless the
