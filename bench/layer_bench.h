@@ -141,6 +141,11 @@ struct LayerBenchRow {
   // the timeline (core::timeline_overlap).
   core::TimelineOverlap timeline[2];
   bool baselines_run() const { return sequential_us > 0; }
+  // Every check of the row passed: fused == unfused, the split output (when any GEMM split), the
+  // baselines (when they ran). `comet bench layer` exits 1 otherwise.
+  bool verified() const {
+    return fused_equals_unfused && split_within_tolerance && (!baselines_run() || baselines_match);
+  }
   double speedup_over_sequential() const { return sequential_us / fused_us; }
   double speedup_over_chunked() const { return chunked_us / fused_us; }
 

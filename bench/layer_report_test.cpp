@@ -130,6 +130,24 @@ TEST(LayerReport, RowsSayWhichGemmsSplitAndWhetherTheyAgreed) {
   EXPECT_FALSE(j[1]["split_within_tolerance"].get<bool>());
 }
 
+// A row passes only when every check it ran passed: a split output out of tolerance fails it as
+// a fused output unequal to the unfused one does (`comet bench layer` then exits 1).
+TEST(LayerReport, RowsVerifyEveryCheckTheyRan) {
+  LayerBenchRow r = row();
+  r.fused_equals_unfused = true;
+  EXPECT_TRUE(r.verified());  // no baselines ran, nothing split
+  r.split_gemms = "1";
+  r.split_within_tolerance = false;
+  EXPECT_FALSE(r.verified()) << "a split output out of tolerance";
+  r.split_within_tolerance = true;
+  r.sequential_us = 100;  // the baselines ran
+  EXPECT_FALSE(r.verified()) << "baselines that did not match";
+  r.baselines_match = true;
+  EXPECT_TRUE(r.verified());
+  r.fused_equals_unfused = false;
+  EXPECT_FALSE(r.verified()) << "fused differs from unfused";
+}
+
 // The ranks of one GPU take turns (local fabric, W = 8 on two GPUs: four per GPU): the note
 // under the table says so, the link rate counts each rank's turn, and JSON carries the count.
 TEST(LayerReport, SeveralRanksPerGpuTakeTurns) {

@@ -284,7 +284,7 @@ int bench_layer_command(const BenchLayerOptions& o) {
       std::cerr << "trace: " << r.trace_path << " and " << io::trace_svg_path(r.trace_path) << " (" << r.trace_events
                 << " events" << (r.trace_dropped > 0 ? ", " + std::to_string(r.trace_dropped) + " dropped" : "") << ")\n";
   for (const auto& r : rows)
-    if (!r.fused_equals_unfused || (r.baselines_run() && !r.baselines_match)) return kExitVerifyFailed;
+    if (!r.verified()) return kExitVerifyFailed;
 #endif
   return 0;
 }
