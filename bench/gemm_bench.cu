@@ -154,7 +154,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
           s.flags = std::make_unique<Device<uint64_t>>(cuda::gemm_split_flags(s.split));
           COMET_CUDA_CHECK(cudaMemsetAsync(s.flags->ptr, 0, cuda::gemm_split_flags(s.split) * sizeof(uint64_t), stream));
           // The builder's decision, from the plan it runs (cuda/gemm_schedule.h).
-          const int64_t tiles = int64_t(cuda::gemm_schedule_host(rows, nb, 1, order).size());
+          const int64_t tiles = int64_t(cuda::gemm_schedule_host(rows, nb, 1, order, cuda::gemm_tile_n(kernel)).size());
           s.split_used = cuda::gemm_split_plan(tiles, s.split).parts > 1;
         }
         return s;

@@ -50,14 +50,17 @@ COMET_HOST_DEVICE inline int find_range(const int32_t* psum, int n, int64_t v) {
 
 // The `cluster` entries of unit u (u below gemm_schedule_prefixes' count) into unit[0..cluster).
 // rows_per_expert gives each tile's `rows`; null: every tile counts as whole (no half tiles).
+// tile_n: the kernel's column block width (gemm_tile_n), which sets a column-major group.
 COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_per_expert, const int32_t* row_psum,
                                                  const int32_t* unit_psum, const int32_t* tail_psum, int num_experts,
-                                                 int num_n_blocks, int cluster, TileOrder order, GemmTile* unit) {
+                                                 int num_n_blocks, int cluster, TileOrder order, int tile_n,
+                                                 GemmTile* unit) {
   const int units_m = unit_psum[num_experts];
   const int64_t grid_units = int64_t(units_m) * num_n_blocks;
   if (u < grid_units) {
     // A row-major group keeps kRasterGroupM M tiles whatever the cluster.
-    const int group = order == TileOrder::kRowMajor ? (kRasterGroupM + cluster - 1) / cluster : default_raster_group(order);
+    const int group =
+        order == TileOrder::kRowMajor ? (kRasterGroupM + cluster - 1) / cluster : default_raster_group(order, tile_n);
     int mu, n;
     raster_tile(order, group, u, units_m, num_n_blocks, mu, n);
     const int e = find_range(unit_psum, num_experts, mu);
@@ -78,15 +81,19 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
   if (n + 1 >= num_n_blocks) unit[1].m_row = ~m_row;  // padding: its partner's rows
 }
 
-// Split of a list of `tiles` whole tiles (GemmSplit). The first `whole` tiles, whole waves of
-// `slots`, run as listed. The other `rest` tiles (fewer than a slot-wave) are each cut into
-// `parts` equal k ranges, and the rest x parts pieces are dealt over the slots in part-major order
-// (gemm_split_entry): block b gets pieces b, b + G, ..., so every block gets as many pieces as
-// every other, within one. Unsplit, the last wave's blocks run up to ceil(rest / G) whole tiles
-// while the average is rest / G; split, ceil(rest x parts / G) / parts. `parts` is the count in
-// [2, kSplitMaxParts] with the shortest last wave, if it shortens it by at least kSplitMinGain of
+// Split of a list of `tiles` whole tiles (GemmSplit). The first `whole` tiles, whole rounds of
+// one tile per block, run as listed. The other `rest` tiles (fewer than the G blocks) are each cut
+// into `parts` equal k ranges, and the rest x parts pieces are dealt over the blocks in part-major
+// order (gemm_split_entry): block b gets pieces b, b + G, ..., so every block gets as many pieces
+// as every other, within one. Unsplit, the last round's blocks run one whole tile or none while
+// the average is rest / G; split, ceil(rest x parts / G) / parts. `parts` is the count in
+// [2, kSplitMaxParts] with the shortest last round, if it shortens it by at least kSplitMinGain of
 // a tile, and by at least split.min_gain_fraction of the busiest block's unsplit schedule; else
-// 1 (unsplit). A piece runs at least kSplitMinPieceKTiles k-tiles (a piece moves a 64 or 128 KB
+// 1 (unsplit). Rounds are of blocks, not of slots (a ping-pong block's two warpgroups share its
+// tensor cores, so a block runs its tiles one after the other whatever the slot): with 2048
+// ping-pong tiles on 132 blocks, the 200 tiles past 7 slot-waves are 132 whole tiles and 68 to
+// cut, and the block schedules are the same as with all 200 cut, for a third of the partials.
+// A piece runs at least kSplitMinPieceKTiles k-tiles (a piece moves a 64 or 128 KB
 // fp32 partial through L2 twice and re-fills the pipeline, which short pieces do not repay: cut
 // into 5 pieces of 6-7 k-tiles, qwen3's GEMM0 at K = 2048 ran 44% slower), so tiles of under
 // kSplitMinKTiles k-tiles stay whole.
@@ -100,16 +107,16 @@ struct GemmSplitPlan {
   int64_t whole;    // entries before the split part (whole tiles, as listed)
   int64_t rest;     // tiles after them, each cut into `parts`
   int parts;        // 1: unsplit
-  int64_t entries;  // whole + rounds of `slots` entries holding rest x parts pieces
+  int64_t entries;  // whole + rounds of G entries holding rest x parts pieces
 };
 inline constexpr int kSplitMinPieceKTiles = 16;
 inline constexpr int kSplitMinKTiles = 2 * kSplitMinPieceKTiles;
 inline constexpr double kSplitMinGain = 0.25;
 COMET_HOST_DEVICE inline GemmSplitPlan gemm_split_plan(int64_t tiles, const GemmSplit& split) {
   const GemmSplitPlan unsplit{tiles, 0, 1, tiles};
-  const int64_t slots = split.slots(), blocks = split.blocks;
-  if (blocks <= 0 || slots <= 0 || split.k_tiles < kSplitMinKTiles) return unsplit;
-  const int64_t rest = tiles % slots, whole = tiles - rest;
+  const int64_t blocks = split.blocks;
+  if (blocks <= 0 || split.slots() <= 0 || split.k_tiles < kSplitMinKTiles) return unsplit;
+  const int64_t rest = tiles % blocks, whole = tiles - rest;
   // The last wave per block, in tiles: the largest piece count of a block over the parts.
   auto last_wave = [&](int parts) { return double((rest * parts + blocks - 1) / blocks) / parts; };
   int best = 1;
@@ -117,8 +124,8 @@ COMET_HOST_DEVICE inline GemmSplitPlan gemm_split_plan(int64_t tiles, const Gemm
     if (last_wave(parts) < last_wave(best) - 1e-9) best = parts;
   const double gain = last_wave(1) - last_wave(best), unsplit_length = double(whole / blocks) + last_wave(1);
   if (best == 1 || gain < kSplitMinGain || gain < double(split.min_gain_fraction) * unsplit_length) return unsplit;
-  const int64_t pieces = rest * best, rounds = (pieces + slots - 1) / slots;
-  return {whole, rest, best, whole + rounds * slots};
+  const int64_t pieces = rest * best, rounds = (pieces + blocks - 1) / blocks;
+  return {whole, rest, best, whole + rounds * blocks};
 }
 
 // Entry e >= plan.whole of a split list: its tile and piece. Piece u = e - whole is part
@@ -159,11 +166,11 @@ COMET_HOST_DEVICE inline void gemm_split_entry(int64_t e, const GemmSplitPlan& p
   }
 }
 
-// The whole list on the host (tests; the device builds it with build_gemm_tiles), split when
-// `split` asks and gemm_split_plan agrees (cluster 1 only); `pieces` (optional) gets each entry's
-// piece (kWhole for every entry of an unsplit list).
+// The whole list on the host (tests; the device builds it with build_gemm_tiles) for tiles
+// `tile_n` columns wide, split when `split` asks and gemm_split_plan agrees (cluster 1 only);
+// `pieces` (optional) gets each entry's piece (kWhole for every entry of an unsplit list).
 inline std::vector<GemmTile> gemm_schedule_host(const std::vector<int>& rows_per_expert, int num_n_blocks,
-                                                int cluster, TileOrder order, const GemmSplit& split = {},
+                                                int cluster, TileOrder order, int tile_n, const GemmSplit& split = {},
                                                 std::vector<GemmSplitPiece>* pieces = nullptr) {
   const int E = int(rows_per_expert.size());
   const std::vector<int32_t> rows(rows_per_expert.begin(), rows_per_expert.end());
@@ -173,7 +180,7 @@ inline std::vector<GemmTile> gemm_schedule_host(const std::vector<int>& rows_per
   std::vector<GemmTile> tiles(size_t(units * cluster));
   for (int64_t u = 0; u < units; ++u)
     gemm_schedule_unit(u, rows.data(), row_psum.data(), unit_psum.data(), tail_psum.data(), E, num_n_blocks, cluster,
-                       order, tiles.data() + u * cluster);
+                       order, tile_n, tiles.data() + u * cluster);
   const GemmSplitPlan plan = cluster == 1 ? gemm_split_plan(units, split) : GemmSplitPlan{units * cluster, 0, 1, units * cluster};
   if (pieces) pieces->assign(size_t(plan.entries), GemmSplitPiece{});
   if (plan.parts == 1) return tiles;

@@ -208,7 +208,7 @@ namespace {
 // serial scan costs nothing next to a GEMM), then every thread writes units of the list that
 // cuda/gemm_schedule.h defines (and, split, the split entries).
 __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, int cluster,
-                                   TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
+                                   TileOrder order, int tile_n, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
                                    const int32_t* accepted, GemmSplit split, GemmSplitPiece* pieces,
                                    bool half_tiles) {
   begin_dependent_kernel();
@@ -228,7 +228,7 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
   __syncthreads();
   if (cluster != 1 || plan.parts == 1) {  // unsplit (asked for a split: every piece whole)
     for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
-      gemm_schedule_unit(u, tile_rows, psum, unit_psum, tail_psum, num_experts, num_n_blocks, cluster, order,
+      gemm_schedule_unit(u, tile_rows, psum, unit_psum, tail_psum, num_experts, num_n_blocks, cluster, order, tile_n,
                          tiles + u * cluster);
       if (pieces != nullptr)
         for (int r = 0; r < cluster; ++r) pieces[u * cluster + r] = GemmSplitPiece{};
@@ -237,7 +237,7 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
   }
   auto tile_of = [&](int64_t u) {
     GemmTile t;
-    gemm_schedule_unit(u, tile_rows, psum, unit_psum, tail_psum, num_experts, num_n_blocks, 1, order, &t);
+    gemm_schedule_unit(u, tile_rows, psum, unit_psum, tail_psum, num_experts, num_n_blocks, 1, order, tile_n, &t);
     return t;
   };
   for (int64_t e = threadIdx.x; e < plan.entries; e += blockDim.x) {
@@ -267,7 +267,8 @@ void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n
   COMET_CHECK(split.blocks == 0 || pieces != nullptr, "build_gemm_tiles: a split needs `pieces`");
   const size_t smem = size_t(3 * (num_experts + 1)) * sizeof(int32_t);
   launch_kernel(build_tiles_kernel, dim3(1), dim3(512), smem, stream, LaunchAttributes(), rows_per_expert, num_experts, num_n_blocks,
-                gemm_cluster_m(kernel), order, tiles, num_tiles, capacity, accepted, split, pieces, half_tiles);
+                gemm_cluster_m(kernel), order, gemm_tile_n(kernel), tiles, num_tiles, capacity, accepted, split, pieces,
+                half_tiles);
 }
 
 std::vector<uint16_t> pack_swiglu_weights(const std::vector<float>& gate, const std::vector<float>& up,

@@ -38,9 +38,11 @@ COMET_HOST_DEVICE inline void raster_tile(TileOrder order, int group, int64_t i,
   else raster_grouped(group, i, num_n_blocks, m_total, n, m);
 }
 
-// The default group of each order (grouped_gemm.h).
-COMET_HOST_DEVICE constexpr int default_raster_group(TileOrder order) {
-  return order == TileOrder::kRowMajor ? kRasterGroupM : kRasterGroupN;
+// The group of each order for tiles `tile_n` columns wide (grouped_gemm.h): kRasterGroupM M
+// tiles, or kRasterGroupColumns of column blocks.
+COMET_HOST_DEVICE constexpr int default_raster_group(TileOrder order, int tile_n) {
+  return order == TileOrder::kRowMajor ? kRasterGroupM
+                                       : (tile_n >= kRasterGroupColumns ? 1 : kRasterGroupColumns / tile_n);
 }
 
 }  // namespace comet::cuda

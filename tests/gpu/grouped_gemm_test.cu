@@ -413,7 +413,7 @@ TEST(GroupedGemm, CooperativeSkipsRowsPastTheExpert) {
       std::vector<GemmSplitPiece> pieces;
       const std::vector<GemmTile> list =
           gemm_schedule_host(rows, gemm_num_n_blocks(epilogue, c.n, kernel), 1, TileOrder::kColumnBlockMajor,
-                             gemm_split_for(kernel, c.k, kSplitBlocks), &pieces);
+                             gemm_tile_n(kernel), gemm_split_for(kernel, c.k, kSplitBlocks), &pieces);
       bool split_half_tile = false;
       for (size_t i = 0; i < list.size(); ++i)
         split_half_tile |= pieces[i].role != GemmSplitRole::kWhole && pieces[i].role != GemmSplitRole::kIdle &&
@@ -431,7 +431,8 @@ TEST(GroupedGemm, CooperativeSkipsRowsPastTheExpert) {
 
 // The device builder writes exactly the list cuda/gemm_schedule.h defines (whose properties the
 // CPU suite checks, tests/unit/gemm_schedule_test.cpp), for every kernel's cluster size, both
-// orders, an even and an odd number of column blocks, on skewed experts.
+// orders, an even and an odd number of column blocks, one and two column groups, on skewed
+// experts.
 TEST(GroupedGemm, DeviceScheduleIsTheHostOne) {
   COMET_REQUIRE_GPU();
   // M tiles per expert 0, 1, 6, 0, 1, 2, 1, 0, 16, 4: three experts with an odd count.
@@ -441,8 +442,8 @@ TEST(GroupedGemm, DeviceScheduleIsTheHostOne) {
   DeviceBuffer<int32_t> rows(std::vector<int32_t>(expert_rows.begin(), expert_rows.end()));
   for (GemmKernel kernel : kKernels)
   for (TileOrder order : {TileOrder::kRowMajor, TileOrder::kColumnBlockMajor})
-  for (int nb : {4, 5})
-  for (int split_blocks : {0, 7}) {  // 7 blocks: 31 M tiles x 4 or 5 column blocks split (4 or 6 parts)
+  for (int nb : {4, 5, 10})  // 10: two column groups at either width (4 of 256 columns, 8 of 128)
+  for (int split_blocks : {0, 7}) {  // 7 blocks: 31 M tiles x 4, 5 or 10 column blocks split
     if (split_blocks > 0 && gemm_cluster_m(kernel) != 1) continue;
     SCOPED_TRACE(std::string(gemm_kernel_name(kernel)) + (order == TileOrder::kRowMajor ? " row-major" : " column-major") +
                  " column blocks " + std::to_string(nb) + " split blocks " + std::to_string(split_blocks));
@@ -456,7 +457,7 @@ TEST(GroupedGemm, DeviceScheduleIsTheHostOne) {
     COMET_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<GemmSplitPiece> want_pieces;
     const std::vector<GemmTile> want =
-        gemm_schedule_host(expert_rows, nb, gemm_cluster_m(kernel), order, split, &want_pieces);
+        gemm_schedule_host(expert_rows, nb, gemm_cluster_m(kernel), order, gemm_tile_n(kernel), split, &want_pieces);
     if (split_blocks > 0) ASSERT_GT(want.size(), size_t(31 * nb)) << "the case does not split";
     const int n = num_tiles.download()[0];
     ASSERT_EQ(size_t(n), want.size());
@@ -521,7 +522,8 @@ TEST(GroupedGemm, SplitTilesMatchTheReferenceAndRepeat) {
       const GemmSplit split = gemm_split_for(kernel, c.k, blocks);
       const int nb = gemm_num_n_blocks(epilogue, c.n, kernel);
       std::vector<GemmSplitPiece> pieces;
-      const std::vector<GemmTile> list = gemm_schedule_host(c.rows, nb, 1, TileOrder::kColumnBlockMajor, split, &pieces);
+      const std::vector<GemmTile> list =
+          gemm_schedule_host(c.rows, nb, 1, TileOrder::kColumnBlockMajor, gemm_tile_n(kernel), split, &pieces);
       if (std::none_of(pieces.begin(), pieces.end(), [](const GemmSplitPiece& q) { return q.role == GemmSplitRole::kFinish; }))
         continue;
       ++split_grids;

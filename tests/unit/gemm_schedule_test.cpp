@@ -23,10 +23,11 @@ std::vector<int> padded_offsets(const std::vector<int>& rows) {
   return offsets;
 }
 
-void check_schedule(const std::vector<int>& rows, int nb, int cluster, TileOrder order) {
+void check_schedule(const std::vector<int>& rows, int nb, int cluster, TileOrder order, int tile_n) {
   SCOPED_TRACE("cluster " + std::to_string(cluster) + (order == TileOrder::kRowMajor ? " row-major" : " column-major") +
-               " column blocks " + std::to_string(nb) + " experts " + std::to_string(rows.size()));
-  const std::vector<GemmTile> list = gemm_schedule_host(rows, nb, cluster, order);
+               " column blocks " + std::to_string(nb) + " of " + std::to_string(tile_n) + " experts " +
+               std::to_string(rows.size()));
+  const std::vector<GemmTile> list = gemm_schedule_host(rows, nb, cluster, order, tile_n);
   const std::vector<int> offsets = padded_offsets(rows);
   const int m_tiles = offsets.back() / kGemmBlockM;
   int odd_experts = 0;
@@ -71,7 +72,7 @@ void check_schedule(const std::vector<int>& rows, int nb, int cluster, TileOrder
   if (cluster == 1) {  // the plain grouped raster over the M tiles, expert-major
     for (size_t t = 0; t < list.size(); ++t) {
       int m, n;
-      raster_tile(order, default_raster_group(order), int64_t(t), m_tiles, nb, m, n);
+      raster_tile(order, default_raster_group(order, tile_n), int64_t(t), m_tiles, nb, m, n);
       ASSERT_EQ(list[t].m_row, m * kGemmBlockM) << "entry " << t;
       ASSERT_EQ(list[t].n_block, n) << "entry " << t;
     }
@@ -97,12 +98,34 @@ TEST(GemmSchedule, RasterOrdersWrittenOut) {
   EXPECT_EQ(walk(TileOrder::kRowMajor, 4, 2, 2), (P{{0, 0}, {1, 0}, {0, 1}, {1, 1}}));  // one smaller group
 }
 
+// A column-major group spans kRasterGroupColumns (1024) columns at either width: on Mixtral's
+// GEMM1 at 4096 tokens per rank (8173 rows, 64 M tiles, 4096 columns), the first wave of 264
+// ping-pong tiles and the first of 132 cooperative ones both cover 33 M tiles x 1024 columns.
+TEST(GemmSchedule, ColumnGroupsSpanTheSameColumnsAtEitherWidth) {
+  EXPECT_EQ(default_raster_group(TileOrder::kColumnBlockMajor, 256), kRasterGroupN);
+  EXPECT_EQ(default_raster_group(TileOrder::kColumnBlockMajor, 128), 2 * kRasterGroupN);
+  EXPECT_EQ(default_raster_group(TileOrder::kRowMajor, 128), kRasterGroupM);
+  for (int tile_n : {128, 256}) {
+    SCOPED_TRACE("tile width " + std::to_string(tile_n));
+    const std::vector<GemmTile> list = gemm_schedule_host({8173}, 4096 / tile_n, 1, TileOrder::kColumnBlockMajor, tile_n);
+    const int wave = 132 * (tile_n == 128 ? 2 : 1);
+    int max_m = 0, max_col = 0;
+    for (int t = 0; t < wave; ++t) {
+      max_m = std::max(max_m, list[t].m_row / kGemmBlockM);
+      max_col = std::max(max_col, (list[t].n_block + 1) * tile_n);
+    }
+    EXPECT_EQ(max_m, 32);  // M tiles 0..32
+    EXPECT_EQ(max_col, 1024);
+  }
+}
+
 TEST(GemmSchedule, SkewedExperts) {
   // M tiles per expert 0, 1, 6, 0, 1, 2, 1, 0, 16, 4: three experts with an odd count.
   const std::vector<int> rows = {0, 1, 700, 0, 128, 129, 3, 0, 2000, 385};
   for (int cluster : {1, 2})
     for (TileOrder order : {TileOrder::kRowMajor, TileOrder::kColumnBlockMajor})
-      for (int nb = 1; nb <= 6; ++nb) check_schedule(rows, nb, cluster, order);
+      for (int tile_n : {128, 256})
+        for (int nb = 1; nb <= 10; ++nb) check_schedule(rows, nb, cluster, order, tile_n);
 }
 
 TEST(GemmSchedule, RandomExperts) {
@@ -112,22 +135,23 @@ TEST(GemmSchedule, RandomExperts) {
     std::vector<int> rows(E);
     for (int& r : rows) r = rng() % 4 == 0 ? 0 : int(rng() % 3000);
     for (int cluster : {1, 2})
-      for (TileOrder order : {TileOrder::kRowMajor, TileOrder::kColumnBlockMajor}) check_schedule(rows, nb, cluster, order);
+      for (TileOrder order : {TileOrder::kRowMajor, TileOrder::kColumnBlockMajor})
+        check_schedule(rows, nb, cluster, order, trial % 2 ? 128 : 256);
   }
 }
 
 TEST(GemmSchedule, EmptyAndSingleTileExperts) {
   for (int cluster : {1, 2}) {
-    EXPECT_TRUE(gemm_schedule_host({0, 0, 0}, 4, cluster, TileOrder::kRowMajor).empty());
+    EXPECT_TRUE(gemm_schedule_host({0, 0, 0}, 4, cluster, TileOrder::kRowMajor, 256).empty());
     // Only one-tile experts: no grid units, every tile from the tail (clusters) or the grid.
-    check_schedule({5, 128, 1}, 3, cluster, TileOrder::kRowMajor);
+    check_schedule({5, 128, 1}, 3, cluster, TileOrder::kRowMajor, 256);
   }
 }
 
 // Mixtral's GEMM0 at 2048 tokens per rank on one expert (4115 rows, 33 M tiles, 224 column
 // blocks of ping-pong tiles): with the tail pairs, exactly 33 x 224 tiles, no padding.
 TEST(GemmSchedule, OddExpertNeedsNoPaddingWithEvenColumnBlocks) {
-  const std::vector<GemmTile> list = gemm_schedule_host({4115}, 224, 2, TileOrder::kRowMajor);
+  const std::vector<GemmTile> list = gemm_schedule_host({4115}, 224, 2, TileOrder::kRowMajor, 128);
   EXPECT_EQ(list.size(), size_t(33 * 224));
   for (const GemmTile& t : list) EXPECT_FALSE(gemm_tile_is_padding(t));
 }
@@ -141,9 +165,10 @@ TEST(GemmSchedule, OddExpertNeedsNoPaddingWithEvenColumnBlocks) {
 void check_split(const std::vector<int>& rows, int nb, TileOrder order, const GemmSplit& split) {
   SCOPED_TRACE("blocks " + std::to_string(split.blocks) + " x " + std::to_string(split.tiles_per_block) +
                ", k-tiles " + std::to_string(split.k_tiles) + ", column blocks " + std::to_string(nb));
-  const std::vector<GemmTile> tiles = gemm_schedule_host(rows, nb, 1, order);
+  const int tile_n = split.tiles_per_block == 2 ? 128 : 256;  // ping-pong or cooperative
+  const std::vector<GemmTile> tiles = gemm_schedule_host(rows, nb, 1, order, tile_n);
   std::vector<GemmSplitPiece> pieces;
-  const std::vector<GemmTile> list = gemm_schedule_host(rows, nb, 1, order, split, &pieces);
+  const std::vector<GemmTile> list = gemm_schedule_host(rows, nb, 1, order, tile_n, split, &pieces);
   ASSERT_EQ(pieces.size(), list.size());
   const int64_t n = int64_t(tiles.size()), slots = split.slots(), kt = split.k_tiles, blocks = split.blocks;
   const GemmSplitPlan plan = gemm_split_plan(n, split);
@@ -152,11 +177,11 @@ void check_split(const std::vector<int>& rows, int nb, TileOrder order, const Ge
     for (size_t i = 0; i < list.size(); ++i) ASSERT_EQ(pieces[i].role, GemmSplitRole::kWhole) << "entry " << i;
     return;
   }
-  ASSERT_EQ(plan.whole % slots, 0);
+  ASSERT_EQ(plan.whole % blocks, 0);
   ASSERT_EQ(plan.whole + plan.rest, n);
-  ASSERT_LT(plan.rest, slots);
+  ASSERT_LT(plan.rest, blocks);  // only the tiles past whole rounds of one tile per block
   ASSERT_EQ(int64_t(list.size()), plan.entries);
-  ASSERT_EQ(plan.entries % slots, 0);
+  ASSERT_EQ(plan.entries % blocks, 0);
   ASSERT_LE(plan.entries - plan.whole, int64_t(kSplitMaxParts) * slots);  // max_gemm_tiles' bound
   for (int64_t i = 0; i < plan.whole; ++i) {
     ASSERT_EQ(list[i].m_row, tiles[i].m_row) << "entry " << i;
@@ -227,23 +252,26 @@ TEST(GemmSchedule, SplitListsRunEveryKStepOnce) {
     const GemmSplit split{1 + int(rng() % 40), 1 + int(rng() % 2), kSplitMinKTiles + int(rng() % 200)};
     const TileOrder order = trial % 2 ? TileOrder::kRowMajor : TileOrder::kColumnBlockMajor;
     check_split(rows, nb, order, split);
-    split_lists += gemm_split_plan(int64_t(gemm_schedule_host(rows, nb, 1, order).size()), split).parts > 1;
+    split_lists += gemm_split_plan(int64_t(gemm_schedule_host(rows, nb, 1, order, 256).size()), split).parts > 1;
   }
   EXPECT_GT(split_lists, 50);  // the random shapes exercise splitting, not only its refusals
 }
 
 // Mixtral's GEMM1 on 132 SMs with ping-pong (264 slots), 224 k-tiles: at 4096 tokens per rank
-// 2048 tiles are 7 slot-waves and 200 more (unsplit, 68 blocks run 2 of them); cut in 5, the
-// 1000 pieces give every block 7 or 8 fifths. At 8192, 4096 tiles leave 136: 6 parts (1.17 tiles).
+// 2048 tiles are 15 rounds of 132 and 68 more (unsplit, 68 blocks run a 16th); cut in 5, the 340
+// pieces give every block 2 or 3 fifths (15.6 tiles for the busiest, as when the 200 tiles past
+// 7 slot-waves were all cut). At 8192, 4096 tiles leave 4: 6 parts, 24 pieces.
 TEST(GemmSchedule, SplitsMixtralGemm1) {
   const GemmSplit split{132, 2, 224};
   const GemmSplitPlan p4096 = gemm_split_plan(2048, split);
-  EXPECT_EQ(p4096.whole, 1848);
+  EXPECT_EQ(p4096.whole, 1980);
+  EXPECT_EQ(p4096.rest, 68);
   EXPECT_EQ(p4096.parts, 5);
-  EXPECT_EQ(p4096.entries, 1848 + 4 * 264);
+  EXPECT_EQ(p4096.entries, 1980 + 3 * 132);
   const GemmSplitPlan p8192 = gemm_split_plan(4096, split);
-  EXPECT_EQ(p8192.rest, 136);
+  EXPECT_EQ(p8192.rest, 4);
   EXPECT_EQ(p8192.parts, 6);
+  EXPECT_EQ(p8192.entries, 4092 + 132);
   check_split({8192}, 32, TileOrder::kColumnBlockMajor, split);
   check_split({16384}, 32, TileOrder::kColumnBlockMajor, split);
 }
