@@ -276,6 +276,38 @@ TEST(GemmSchedule, SplitsMixtralGemm1) {
   check_split({16384}, 32, TileOrder::kColumnBlockMajor, split);
 }
 
+// Rounds of blocks, not of slots: the split used to cut every tile past the last whole slot-wave
+// (2G tiles for ping-pong). Cutting only those past whole rounds of G must give every block the
+// schedule it had (the same parts, the same busiest block in pieces) while cutting no more tiles.
+TEST(GemmSchedule, SplitRoundsOfBlocksKeepTheSlotWaveSchedule) {
+  auto slot_wave_plan = [](int64_t tiles, const GemmSplit& split) {  // the rule before, as it was
+    const int64_t slots = split.slots(), blocks = split.blocks, rest = tiles % slots, whole = tiles - rest;
+    auto last_wave = [&](int parts) { return double((rest * parts + blocks - 1) / blocks) / parts; };
+    int best = 1;
+    for (int parts = 2; parts <= kSplitMaxParts && parts * kSplitMinPieceKTiles <= split.k_tiles; ++parts)
+      if (last_wave(parts) < last_wave(best) - 1e-9) best = parts;
+    const double gain = last_wave(1) - last_wave(best), length = double(whole / blocks) + last_wave(1);
+    if (best == 1 || gain < kSplitMinGain || gain < double(split.min_gain_fraction) * length) best = 1;
+    return std::pair<int64_t, int>{best == 1 ? 0 : rest, best};
+  };
+  int split_cases = 0;
+  for (const GemmSplit split : {GemmSplit{132, 2, 224}, GemmSplit{132, 2, 100}, GemmSplit{7, 2, 64}, GemmSplit{5, 1, 96},
+                                GemmSplit{132, 2, 224, 0.1f}})
+    for (int64_t tiles = 1; tiles <= 3000; ++tiles) {
+      const GemmSplitPlan plan = gemm_split_plan(tiles, split);
+      const auto [old_rest, old_parts] = slot_wave_plan(tiles, split);
+      ASSERT_EQ(plan.parts, old_parts) << tiles << " tiles on " << split.blocks << " x " << split.tiles_per_block;
+      if (plan.parts == 1) continue;
+      ++split_cases;
+      const int64_t G = split.blocks, p = plan.parts;
+      const int64_t busiest = plan.whole / G * p + (plan.rest * p + G - 1) / G;  // in pieces of 1/p tile
+      const int64_t old_whole = tiles - old_rest;
+      ASSERT_EQ(busiest, old_whole / G * p + (old_rest * p + G - 1) / G) << tiles << " tiles";
+      ASSERT_EQ(plan.rest, old_rest % G) << tiles << " tiles: only the tiles past whole rounds of blocks are cut";
+    }
+  EXPECT_GT(split_cases, 1000);
+}
+
 TEST(GemmSchedule, SplitOnlyWhereItPays) {
   auto parts = [](int64_t tiles, GemmSplit s) { return gemm_split_plan(tiles, s).parts; };
   EXPECT_EQ(parts(2640, {132, 2, 224}), 1);                   // whole waves
