@@ -117,7 +117,7 @@ COMET_HOST_DEVICE inline GemmSplitPlan gemm_split_plan(int64_t tiles, const Gemm
   const int64_t blocks = split.blocks;
   if (blocks <= 0 || split.slots() <= 0 || split.k_tiles < kSplitMinKTiles) return unsplit;
   const int64_t rest = tiles % blocks, whole = tiles - rest;
-  // The last wave per block, in tiles: the largest piece count of a block over the parts.
+  // The last round per block, in tiles: the largest piece count of a block over the parts.
   auto last_wave = [&](int parts) { return double((rest * parts + blocks - 1) / blocks) / parts; };
   int best = 1;
   for (int parts = 2; parts <= kSplitMaxParts && parts * kSplitMinPieceKTiles <= split.k_tiles; ++parts)
