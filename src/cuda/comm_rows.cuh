@@ -249,12 +249,12 @@ __device__ __forceinline__ void store_row_chunks(uint4* dst, const float* acc, i
   }
 }
 
-// Column blocks per combine group at a layer1 column width: the group is kCombineGroupColumns
-// columns at any tile width, so an item carries as many bytes (with half as wide items,
-// communication-only rose 27% for qwen3 on one H200) and GEMM1's raster group matches it.
-inline constexpr int kCombineGroupColumns = kCombineGroupBlocks * 256;
+// Column blocks per combine group at a layer1 column width: the group is GEMM1's column-major
+// raster group (kRasterGroupColumns columns at any tile width, cuda/tile_raster.h), so an item
+// carries as many bytes (with half as wide items, communication-only rose 27% for qwen3 on one
+// H200) and a group's blocks are stored together.
 __host__ __device__ inline int combine_group_blocks(int col_width) {
-  return col_width >= kCombineGroupColumns ? 1 : kCombineGroupColumns / col_width;
+  return default_raster_group(TileOrder::kColumnBlockMajor, col_width);
 }
 __host__ __device__ inline int combine_groups(int num_col_blocks, int group_blocks) {
   return (num_col_blocks + group_blocks - 1) / group_blocks;

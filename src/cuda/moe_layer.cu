@@ -519,6 +519,7 @@ struct MoeLayer::Impl {
         floats = std::max(floats, cuda::gemm_split_partial_floats(kernel, split));
         flags = std::max(flags, cuda::gemm_split_flags(split));
       }
+    split_flag_words = flags;
     DeviceGuard guard;
     for (Group& g : groups) {
       if (g.split_flags) continue;
@@ -535,7 +536,6 @@ struct MoeLayer::Impl {
       COMET_CUDA_CHECK(cudaDeviceSynchronize());
       g.split_partials = static_cast<float*>(partials);
       g.split_flags = static_cast<uint64_t*>(words);
-      split_flag_words = flags;
     }
   }
   int64_t split_flag_words = 0;
