@@ -172,8 +172,9 @@ inline constexpr int kRasterGroupM = 16;
 inline constexpr int kRasterGroupN = 4;
 // The column-major raster group in output columns, the same at every tile width: 4 blocks of 256
 // columns or 8 of 128 (the standalone schedule, build_gemm_tiles, and the fused plan's layer1
-// combine groups, cuda/comm_rows.cuh, both take it from default_raster_group). So a wave of 264 ping-pong tiles covers the
-// 33 M tiles x 1024 columns that a wave of 132 cooperative ones does, and reads the same A rows.
+// combine groups, cuda/comm_rows.cuh, both take it from default_raster_group). So a wave of 264
+// ping-pong tiles covers the 33 M tiles x 1024 columns that a wave of 132 cooperative ones does,
+// and reads the same A rows.
 // In groups of 4 blocks of 128, Mixtral's GEMM1 (K = 14336, 8173 rows at 4096 tokens) read all
 // of A every wave, 8 times over (DRAM 2.2 GB against the cooperative kernel's 1.3 GB, ncu).
 inline constexpr int kRasterGroupColumns = kRasterGroupN * 256;
