@@ -193,10 +193,9 @@ __device__ inline void dispatch_rows(const FusedCommArgs& f, const int32_t* psum
 
 // Combine items: (column group g, entry i of the plan's combine list), column-group-major,
 // item = g * listed + i.
-// A column group is kCombineGroupBlocks layer1 column blocks: GEMM1's raster stores a group's
-// blocks together (TileOrder::kColumnBlockMajor), so waiting for the whole group costs little
-// and one item carries enough columns to keep kCopyUnroll chunks per lane in flight.
-inline constexpr int kCombineGroupBlocks = kRasterGroupN;
+// A column group is combine_group_blocks(width) layer1 column blocks: GEMM1's raster stores a
+// group's blocks together (TileOrder::kColumnBlockMajor), so waiting for the whole group costs
+// little and one item carries enough columns to keep kCopyUnroll chunks per lane in flight.
 inline constexpr int kCombineClaim = 8;   // items a warp claims at once from the work counter
                                           // (one atomic on one address per 8 items)
 inline constexpr int kCombineUnroll = 4;  // 16-byte chunks per lane in flight per row (fp32
@@ -250,9 +249,9 @@ __device__ __forceinline__ void store_row_chunks(uint4* dst, const float* acc, i
 }
 
 // Column blocks per combine group at a layer1 column width: the group is GEMM1's column-major
-// raster group (kRasterGroupColumns columns at any tile width, cuda/tile_raster.h), so an item
-// carries as many bytes (with half as wide items, communication-only rose 27% for qwen3 on one
-// H200) and a group's blocks are stored together.
+// raster group (default_raster_group, cuda/tile_raster.h: kRasterGroupColumns columns at any
+// tile width), so an item carries as many bytes (with half as wide items, communication-only
+// rose 27% for qwen3 on one H200) and a group's blocks are stored together.
 __host__ __device__ inline int combine_group_blocks(int col_width) {
   return default_raster_group(TileOrder::kColumnBlockMajor, col_width);
 }

@@ -255,8 +255,9 @@ int64_t max_gemm_tiles(int max_rows, int num_experts, int num_n_blocks, GemmKern
 // The split for `kernel` at K on the current device: its grid (num_blocks, or one block per SM,
 // as run_grouped_gemm launches it) and slots per block; none ({}) for cluster configurations.
 GemmSplit gemm_split_for(GemmKernel kernel, int k, int num_blocks = 0);
-// A split schedule's workspace: flags (zero before the first launch; fewer than `slots` tiles
-// cut into at most kSplitMaxParts parts) and fp32 partial values (one tile per flag).
+// A split schedule's workspace: flags (zero before the first launch; fewer than `blocks` tiles
+// are cut, into at most kSplitMaxParts parts, so `slots` bounds them) and fp32 partial values
+// (one tile per flag).
 inline int64_t gemm_split_flags(const GemmSplit& split) { return int64_t(split.slots()) * (kSplitMaxParts - 1); }
 int64_t gemm_split_partial_floats(GemmKernel kernel, const GemmSplit& split);
 
