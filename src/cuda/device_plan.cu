@@ -459,10 +459,47 @@ __device__ void write_tile_lists(const DevicePlanArgs& a, const PlanShape& s, in
     const int m = plan.layer0_order[q];
     plan.tiles0[i] = make_gemm_tile(m * kGemmBlockM, n, expert_of(m), m * kGemmBlockM + tile_rows(m), m);
   }
+  // Layer1 in column-block groups, so that the combine can start on the first groups. With no
+  // combine slots listed (every token's only row here leaves through GEMM1's epilogue, as with
+  // one expert per rank), nothing waits for a column block, and the half tiles (an expert's last
+  // M tile of at most 64 rows, about half a tile's time) go after all whole tiles, in the same
+  // groups: the claims then fill the last round with them instead of starting a whole tile
+  // there. Mixtral at 1024 tokens per rank with 2049-2112 rows (256 whole tiles and 16 half
+  // ones, 264 tile-times for 132 blocks) can then end after two rounds of tiles, not two and a
+  // half.
+  int half_m = 0;  // half M tiles, each the last of its expert
+  auto last_tile_is_half = [&](int e) {
+    const int first = plan.expert_offset[e] / kGemmBlockM, end = plan.expert_offset[e + 1] / kGemmBlockM;
+    return end > first && tile_rows(end - 1) <= kGemmBlockM / 2;
+  };
+  if (a.half_tiles && plan.counts[3] == 0) {
+#pragma unroll 1
+    for (int e = 0; e < E; ++e) half_m += last_tile_is_half(e) ? 1 : 0;
+  }
+  const int whole_m = num_m - half_m;
+  // M tile of the j-th whole (or half) M tile in expert order.
+  auto m_of = [&](int j, bool half) {
+#pragma unroll 1
+    for (int e = 0; e < E; ++e) {
+      const int first = plan.expert_offset[e] / kGemmBlockM, tiles = plan.expert_offset[e + 1] / kGemmBlockM - first;
+      const bool e_half = last_tile_is_half(e);
+      const int here = half ? (e_half ? 1 : 0) : tiles - (e_half ? 1 : 0);
+      if (j < here) return half ? first + tiles - 1 : first + j;
+      j -= here;
+    }
+    return num_m - 1;  // not reached: j is below whole_m or half_m
+  };
 #pragma unroll 1
   for (int i = thread; i < num_m * s.n_blocks1; i += threads) {
     int m, n;
-    raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, i, num_m, s.n_blocks1, m, n);
+    if (half_m == 0) {
+      raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, i, num_m, s.n_blocks1, m, n);
+    } else {
+      const bool half = i >= whole_m * s.n_blocks1;
+      const int j = half ? i - whole_m * s.n_blocks1 : i;
+      raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, j, half ? half_m : whole_m, s.n_blocks1, m, n);
+      m = m_of(m, half);
+    }
     plan.tiles1[i] = make_gemm_tile(m * kGemmBlockM, n, expert_of(m), m * kGemmBlockM + tile_rows(m), m);
   }
 }

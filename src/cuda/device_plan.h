@@ -24,7 +24,8 @@
 //   counts         [4]            {number of M tiles, rows_on_rank, plan accepted (1) or refused (0),
 //                                 combine slots}
 //   tiles0         GemmTile [MT * NB0]   layer0 GEMM schedule (grouped raster over layer0_order)
-//   tiles1         GemmTile [MT * NB1]   layer1 GEMM schedule (column-block groups)
+//   tiles1         GemmTile [MT * NB1]   layer1 GEMM schedule (column-block groups; half tiles
+//                                 last when counts[3] is 0)
 //   num_tiles      [2]            {tiles0 length, tiles1 length}
 //   chunk_row_base [W * C * E/EP] first A row of chunk c of ring position p for each expert
 //                                 (C = ceil(Tm / 256) token chunks per source; plan scratch)

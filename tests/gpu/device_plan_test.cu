@@ -7,6 +7,7 @@
 #include "comet/plan.h"
 #include "comet/problem.h"
 #include "cuda/device_plan.h"
+#include "cuda/tile_raster.h"
 #include "gpu_test_util.h"
 
 namespace comet::cuda {
@@ -122,6 +123,7 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
   for (int p = 0; p < W; ++p) heaps.push_back(reinterpret_cast<void*>(uintptr_t(p + 1) << 32));
   const int64_t combine_offset = 4096;
   DeviceBuffer<void*> heap_table(heaps);
+  int reordered_ranks = 0;  // ranks whose layer1 list put half tiles last
   for (int r = 0; r < W; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     buffer.poison();
@@ -255,10 +257,41 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
       ++seen[size_t(t.signal) * layout.n_blocks0 + t.n_block];
     }
     for (int x : seen) EXPECT_EQ(x, 1);
-    for (const GemmTile& t : download(v.tiles1, n_tiles[1]))
+    // Layer1: every (M tile, column block) once; with no combine slots, no whole tile after a
+    // half one (rows <= 64), since nothing waits for its column blocks; with combine slots, the
+    // column groups' raster itself.
+    std::vector<int> seen1(size_t(nm) * n_blocks1, 0);
+    bool half_seen = false;
+    int half_tiles = 0;
+    const int group1 = default_raster_group(TileOrder::kColumnBlockMajor, 256);
+    const auto t1 = download(v.tiles1, n_tiles[1]);
+    for (size_t i = 0; i < t1.size(); ++i) {
+      const GemmTile& t = t1[i];
+      if (counts[3] > 0) {
+        int want_m = 0, want_n = 0;
+        raster_tile(TileOrder::kColumnBlockMajor, group1, int64_t(i), nm, n_blocks1, want_m, want_n);
+        ASSERT_EQ(t.signal, want_m) << "layer1 entry " << i;
+        ASSERT_EQ(t.n_block, want_n) << "layer1 entry " << i;
+      }
+      ASSERT_GE(t.signal, 0);
+      ASSERT_LT(t.signal, nm);
+      ASSERT_GE(t.n_block, 0);
+      ASSERT_LT(t.n_block, n_blocks1);
+      EXPECT_EQ(t.m_row, m_row[t.signal]);
       EXPECT_EQ(t.rows, std::min(kGemmBlockM, host.expert_row_begin(r, t.expert) + host.expert_rows(r, t.expert) - t.m_row))
           << "the expert's rows in the layer1 tile";
+      ++seen1[size_t(t.signal) * n_blocks1 + t.n_block];
+      const bool half = t.rows <= kGemmBlockM / 2;
+      half_tiles += half ? 1 : 0;
+      if (counts[3] == 0) EXPECT_FALSE(half_seen && !half) << "a whole layer1 tile after a half one, M tile " << t.signal;
+      half_seen |= half;
+    }
+    for (int x : seen1) EXPECT_EQ(x, 1);
+    if (counts[3] == 0 && half_tiles > 0) ++reordered_ranks;
   }
+  // The reordered list must have run somewhere in the suite's cases (one expert per rank).
+  if (GetParam().world == 8 && GetParam().tp == 1 && GetParam().num_experts == 8)
+    EXPECT_GT(reordered_ranks, 0) << "no rank had a half layer1 tile and no combine slots";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DevicePlanTest, ::testing::ValuesIn(plan_cases()),
