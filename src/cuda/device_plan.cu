@@ -477,30 +477,35 @@ __device__ void write_tile_lists(const DevicePlanArgs& a, const PlanShape& s, in
     for (int e = 0; e < E; ++e) half_m += last_tile_is_half(e) ? 1 : 0;
   }
   const int whole_m = num_m - half_m;
-  // M tile of the j-th whole (or half) M tile in expert order.
-  auto m_of = [&](int j, bool half) {
+  // The j-th whole (or half) M tile in expert order, and its expert.
+  auto m_of = [&](int j, bool half, int& expert) {
 #pragma unroll 1
     for (int e = 0; e < E; ++e) {
       const int first = plan.expert_offset[e] / kGemmBlockM, tiles = plan.expert_offset[e + 1] / kGemmBlockM - first;
       const bool e_half = last_tile_is_half(e);
       const int here = half ? (e_half ? 1 : 0) : tiles - (e_half ? 1 : 0);
-      if (j < here) return half ? first + tiles - 1 : first + j;
+      if (j < here) {
+        expert = e;
+        return half ? first + tiles - 1 : first + j;
+      }
       j -= here;
     }
+    expert = E - 1;
     return num_m - 1;  // not reached: j is below whole_m or half_m
   };
 #pragma unroll 1
   for (int i = thread; i < num_m * s.n_blocks1; i += threads) {
-    int m, n;
+    int m, n, e;
     if (half_m == 0) {
       raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, i, num_m, s.n_blocks1, m, n);
+      e = expert_of(m);
     } else {
       const bool half = i >= whole_m * s.n_blocks1;
       const int j = half ? i - whole_m * s.n_blocks1 : i;
       raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, j, half ? half_m : whole_m, s.n_blocks1, m, n);
-      m = m_of(m, half);
+      m = m_of(m, half, e);
     }
-    plan.tiles1[i] = make_gemm_tile(m * kGemmBlockM, n, expert_of(m), m * kGemmBlockM + tile_rows(m), m);
+    plan.tiles1[i] = make_gemm_tile(m * kGemmBlockM, n, e, m * kGemmBlockM + tile_rows(m), m);
   }
 }
 
