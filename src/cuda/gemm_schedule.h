@@ -8,7 +8,9 @@
 //   raster order of `order` (tile_raster.h); a unit's tiles share expert and column block;
 // - tail units (clusters of two only): for each expert with an odd M tile count, its last M
 //   tile's column blocks in pairs (n, n + 1); with an odd number of column blocks the last pair
-//   is (n, padding), the padding tile pointing at its partner's rows (grouped_gemm.h).
+//   is (n, padding), the padding tile pointing at its partner's rows (grouped_gemm.h). In a
+//   column-major list they follow the grid units; in a row-major one they run inside the grid's
+//   raster groups (ClusterRowGroups).
 // Without clusters, a GemmSplit may then cut the list's last tiles along K (below).
 #pragma once
 
@@ -48,6 +50,38 @@ COMET_HOST_DEVICE inline int find_range(const int32_t* psum, int n, int64_t v) {
   return lo;
 }
 
+// Row-major lists on clusters of two: the tail units of an expert (its odd last M tile's column
+// blocks in pairs) run inside the raster group that holds the expert's last grid unit (an expert
+// with no grid unit: the group at its place), after each pair of that group's column blocks, so
+// that their B column blocks are the ones the group's grid units are reading (L2 hits) rather
+// than, at the list's end, B read once per tile. Group g lists its S grid units for column blocks
+// 2p and 2p + 1, then its odd experts' tail units for the pair (2p, 2p + 1), for p = 0, 1, ...
+// (an odd last column block: S units, then the pairs (n, padding)).
+struct ClusterRowGroups {
+  const int32_t* unit_psum;
+  const int32_t* tail_psum;
+  int num_experts, num_n_blocks, group, units_m, count;
+  // Grid unit an expert's tail units follow: its last, or (none) the one at its place.
+  COMET_HOST_DEVICE int anchor(int e) const {
+    if (unit_psum[e + 1] > unit_psum[e]) return unit_psum[e + 1] - 1;
+    return unit_psum[e] < units_m ? unit_psum[e] : units_m - 1;
+  }
+  // The first expert whose tails belong to group g or later (anchors rise with the expert).
+  COMET_HOST_DEVICE int first_expert(int g) const {
+    if (g <= 0) return 0;
+    if (g >= count) return num_experts;
+    int lo = 0, hi = num_experts;  // the first e with anchor(e) >= g x group; E when none
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (anchor(mid) >= g * group) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+  }
+  COMET_HOST_DEVICE int64_t start(int g) const {
+    return int64_t(g) * group * num_n_blocks + tail_psum[first_expert(g)];
+  }
+};
+
 // The `cluster` entries of unit u (u below gemm_schedule_prefixes' count) into unit[0..cluster).
 // rows_per_expert gives each tile's `rows`; null: every tile counts as whole (no half tiles).
 // tile_n: the kernel's column block width (gemm_tile_n), which sets a column-major group.
@@ -57,12 +91,10 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
                                                  GemmTile* unit) {
   const int units_m = unit_psum[num_experts];
   const int64_t grid_units = int64_t(units_m) * num_n_blocks;
-  if (u < grid_units) {
-    // A row-major group keeps kRasterGroupM M tiles whatever the cluster.
-    const int group =
-        order == TileOrder::kRowMajor ? (kRasterGroupM + cluster - 1) / cluster : default_raster_group(order, tile_n);
-    int mu, n;
-    raster_tile(order, group, u, units_m, num_n_blocks, mu, n);
+  // A row-major group keeps kRasterGroupM M tiles whatever the cluster.
+  const int group =
+      order == TileOrder::kRowMajor ? (kRasterGroupM + cluster - 1) / cluster : default_raster_group(order, tile_n);
+  auto grid_unit = [&](int mu, int n) {
     const int e = find_range(unit_psum, num_experts, mu);
     const int first_row = row_psum[e] + (mu - unit_psum[e]) * cluster * kGemmBlockM;
     const int row_end = rows_per_expert != nullptr ? row_psum[e] + rows_per_expert[e] : INT32_MAX;
@@ -70,15 +102,42 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
       const int m_row = first_row + r * kGemmBlockM;
       unit[r] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
     }
+  };
+  auto tail_unit = [&](int64_t v) {  // tail unit v: pair v - tail_psum[e] of expert e's last M tile
+    const int e = find_range(tail_psum, num_experts, v);
+    const int row_end = rows_per_expert != nullptr ? row_psum[e] + rows_per_expert[e] : INT32_MAX;
+    const int m_row = row_psum[e + 1] - kGemmBlockM, n = 2 * int(v - tail_psum[e]);
+    unit[0] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
+    unit[1] = make_gemm_tile(m_row, n + 1 < num_n_blocks ? n + 1 : n, e, row_end, m_row / kGemmBlockM);
+    if (n + 1 >= num_n_blocks) unit[1].m_row = ~m_row;  // padding: its partner's rows
+  };
+  if (cluster == 2 && order == TileOrder::kRowMajor && units_m > 0) {
+    const ClusterRowGroups groups{unit_psum, tail_psum, num_experts, num_n_blocks, group, units_m,
+                                  raster_group_count(group, units_m, true)};
+    int lo = 0, hi = groups.count - 1;  // the last group starting at or before u
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (groups.start(mid) <= u) lo = mid; else hi = mid - 1;
+    }
+    const int g = lo, size = raster_group_size(group, g, units_m, true);
+    const int first_tail = tail_psum[groups.first_expert(g)];
+    const int pairs = (num_n_blocks + 1) / 2;
+    const int odd = (tail_psum[groups.first_expert(g + 1)] - first_tail) / pairs;  // the group's odd experts
+    const int64_t w = u - groups.start(g), whole_pair = 2 * size + odd;
+    const int full_pairs = num_n_blocks / 2;
+    const int p = w < full_pairs * whole_pair ? int(w / whole_pair) : full_pairs;
+    const int off = int(w - p * whole_pair), columns = p < full_pairs ? 2 : 1;
+    if (off < size * columns) grid_unit(g * group + off % size, 2 * p + off / size);
+    else tail_unit(first_tail + int64_t(off - size * columns) * pairs + p);
     return;
   }
-  const int64_t v = u - grid_units;
-  const int e = find_range(tail_psum, num_experts, v);
-  const int row_end = rows_per_expert != nullptr ? row_psum[e] + rows_per_expert[e] : INT32_MAX;
-  const int m_row = row_psum[e + 1] - kGemmBlockM, n = 2 * int(v - tail_psum[e]);
-  unit[0] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
-  unit[1] = make_gemm_tile(m_row, n + 1 < num_n_blocks ? n + 1 : n, e, row_end, m_row / kGemmBlockM);
-  if (n + 1 >= num_n_blocks) unit[1].m_row = ~m_row;  // padding: its partner's rows
+  if (u < grid_units) {
+    int mu, n;
+    raster_tile(order, group, u, units_m, num_n_blocks, mu, n, true);
+    grid_unit(mu, n);
+    return;
+  }
+  tail_unit(u - grid_units);
 }
 
 // Split of a list of `tiles` whole tiles (GemmSplit). The first `whole` tiles, whole rounds of

@@ -72,7 +72,7 @@ void check_schedule(const std::vector<int>& rows, int nb, int cluster, TileOrder
   if (cluster == 1) {  // the plain grouped raster over the M tiles, expert-major
     for (size_t t = 0; t < list.size(); ++t) {
       int m, n;
-      raster_tile(order, default_raster_group(order, tile_n), int64_t(t), m_tiles, nb, m, n);
+      raster_tile(order, default_raster_group(order, tile_n), int64_t(t), m_tiles, nb, m, n, true);
       ASSERT_EQ(list[t].m_row, m * kGemmBlockM) << "entry " << t;
       ASSERT_EQ(list[t].n_block, n) << "entry " << t;
     }
@@ -81,21 +81,57 @@ void check_schedule(const std::vector<int>& rows, int nb, int cluster, TileOrder
 
 // The two raster orders on small grids, written out: row-major groups of M tiles with the column
 // block outer inside a group, column-major groups of column blocks with the M tile outer; the
-// last group smaller.
+// last group smaller, except that a row-major rest of at most half a group joins the group
+// before it.
 TEST(GemmSchedule, RasterOrdersWrittenOut) {
   auto walk = [](TileOrder order, int group, int m_total, int nb) {
     std::vector<std::pair<int, int>> out;
     for (int64_t i = 0; i < int64_t(m_total) * nb; ++i) {
       int m, n;
-      raster_tile(order, group, i, m_total, nb, m, n);
+      raster_tile(order, group, i, m_total, nb, m, n, true);
       out.emplace_back(m, n);
     }
     return out;
   };
   using P = std::vector<std::pair<int, int>>;
-  EXPECT_EQ(walk(TileOrder::kRowMajor, 2, 3, 2), (P{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {2, 0}, {2, 1}}));
-  EXPECT_EQ(walk(TileOrder::kColumnBlockMajor, 2, 2, 3), (P{{0, 0}, {0, 1}, {1, 0}, {1, 1}, {0, 2}, {1, 2}}));
+  EXPECT_EQ(walk(TileOrder::kRowMajor, 2, 4, 2), (P{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {2, 0}, {3, 0}, {2, 1}, {3, 1}}));
+  EXPECT_EQ(walk(TileOrder::kRowMajor, 3, 4, 2), (P{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+  EXPECT_EQ(walk(TileOrder::kRowMajor, 2, 3, 2), (P{{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1}}));  // rest joins
+  EXPECT_EQ(walk(TileOrder::kRowMajor, 4, 10, 2),  // 4 + 6
+            (P{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 0}, {5, 0}, {6, 0}, {7, 0}, {8, 0}, {9, 0},
+               {4, 1}, {5, 1}, {6, 1}, {7, 1}, {8, 1}, {9, 1}}));
+  EXPECT_EQ(walk(TileOrder::kRowMajor, 4, 7, 2),  // a rest of 3 is more than half a group: its own group
+            (P{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 0}, {5, 0}, {6, 0}, {4, 1}, {5, 1}, {6, 1}}));
   EXPECT_EQ(walk(TileOrder::kRowMajor, 4, 2, 2), (P{{0, 0}, {1, 0}, {0, 1}, {1, 1}}));  // one smaller group
+  EXPECT_EQ(walk(TileOrder::kColumnBlockMajor, 2, 2, 3), (P{{0, 0}, {0, 1}, {1, 0}, {1, 1}, {0, 2}, {1, 2}}));
+}
+
+// Where the rest joins: Mixtral's GEMM0 at 1024 tokens per rank has 17 M tiles on most EP 8
+// ranks (2049-2112 rows) and 112 column blocks of 256; in the fused layer0's groups of 4 the 17th
+// M tile would run with M tiles 12-16, one B column block per 5 tiles, not alone (the standalone
+// lists join; the fused plan does not, tile_raster.h). Every tile once.
+TEST(GemmSchedule, ShortRowMajorRestJoinsTheLastGroup) {
+  const int m_total = 17, nb = 112;
+  std::vector<int> seen(size_t(m_total) * nb, 0);
+  for (int64_t i = 0; i < int64_t(m_total) * nb; ++i) {
+    int m, n;
+    raster_tile(TileOrder::kRowMajor, 4, i, m_total, nb, m, n, true);
+    ASSERT_TRUE(m >= 0 && m < m_total && n >= 0 && n < nb) << "tile " << i;
+    ++seen[size_t(m) * nb + size_t(n)];
+    if (i >= 12 * nb) {  // the last group: M tiles 12..16, column block outer
+      EXPECT_EQ(n, int((i - 12 * nb) / 5)) << "tile " << i;
+      EXPECT_EQ(m, 12 + int((i - 12 * nb) % 5)) << "tile " << i;
+    }
+  }
+  for (size_t k = 0; k < seen.size(); ++k) ASSERT_EQ(seen[k], 1) << "M tile " << k / nb << " column block " << k % nb;
+  // Not asked to join (the fused plan's layer0): M tile 16 is a group of its own, after 12..15.
+  int m, n;
+  raster_tile(TileOrder::kRowMajor, 4, 16 * nb, m_total, nb, m, n);
+  EXPECT_EQ(m, 16);
+  EXPECT_EQ(n, 0);
+  raster_tile(TileOrder::kRowMajor, 4, 16 * nb - 1, m_total, nb, m, n);
+  EXPECT_EQ(m, 15);
+  EXPECT_EQ(n, nb - 1);
 }
 
 // A column-major group spans kRasterGroupColumns (1024) columns at either width: on Mixtral's
@@ -154,6 +190,56 @@ TEST(GemmSchedule, OddExpertNeedsNoPaddingWithEvenColumnBlocks) {
   const std::vector<GemmTile> list = gemm_schedule_host({4115}, 224, 2, TileOrder::kRowMajor, 128);
   EXPECT_EQ(list.size(), size_t(33 * 224));
   for (const GemmTile& t : list) EXPECT_FALSE(gemm_tile_is_padding(t));
+}
+
+// Row-major on clusters of two, the odd last M tile's column-block pairs run inside the group of
+// its expert's last grid units, right after those units' own pair of column blocks (its B column
+// blocks are theirs): Mixtral's GEMM0 at 2048 tokens per rank (4115 rows, 33 M tiles: 16 pairs in
+// groups of 8, and M tile 32 alone), and several experts, some of one M tile, some odd in one
+// group.
+TEST(GemmSchedule, ClusterTailsRunBesideTheirGroup) {
+  struct Case {
+    std::vector<int> rows;
+    int nb;
+  };
+  for (const Case& c : {Case{{4115}, 224}, Case{{4115}, 7}, Case{{300, 5000}, 6}, Case{{100, 0, 129, 2000}, 5},
+                       Case{{300, 500, 4115}, 9}, Case{{129, 1, 257, 0, 385}, 4}}) {
+    SCOPED_TRACE("experts " + std::to_string(c.rows.size()) + ", column blocks " + std::to_string(c.nb));
+    check_schedule(c.rows, c.nb, 2, TileOrder::kRowMajor, 128);
+    const std::vector<GemmTile> list = gemm_schedule_host(c.rows, c.nb, 2, TileOrder::kRowMajor, 128);
+    const std::vector<int> offsets = padded_offsets(c.rows);
+    for (size_t t = 0; t < list.size(); t += 2) {
+      const GemmTile& a = list[t];
+      const bool tail = list[t + 1].m_row != a.m_row + kGemmBlockM || gemm_tile_is_padding(list[t + 1]);
+      if (!tail) continue;
+      // The pair before it: a grid unit of its expert (or, for an expert of one M tile, another
+      // tail) at column block n + 1 or n, with no grid unit at a column block past n + 1 between.
+      ASSERT_GE(t, 2u) << "entry " << t;
+      bool found = false;
+      for (size_t s = t; s >= 2 && !found; s -= 2) {
+        const GemmTile& b = list[s - 2];
+        const bool b_tail = list[s - 1].m_row != b.m_row + kGemmBlockM || gemm_tile_is_padding(list[s - 1]);
+        if (b_tail) continue;
+        ASSERT_LE(b.n_block, a.n_block + 1) << "entry " << t << " after a grid unit at column block " << b.n_block;
+        ASSERT_GE(b.n_block, a.n_block) << "entry " << t << " after a grid unit at column block " << b.n_block;
+        found = true;
+      }
+      const int m_tiles = (offsets[a.expert + 1] - offsets[a.expert]) / kGemmBlockM;
+      if (m_tiles > 1) {
+        ASSERT_TRUE(found) << "entry " << t;
+      }
+    }
+  }
+  // Mixtral at 2048 tokens: group 1 holds units 8..15 (M tiles 16..31); its first pair of column
+  // blocks is 16 units, then M tile 32 at (0, 1).
+  const std::vector<GemmTile> list = gemm_schedule_host({4115}, 224, 2, TileOrder::kRowMajor, 128);
+  const size_t group1 = 2 * 8 * 224;
+  EXPECT_EQ(list[group1].m_row, 16 * kGemmBlockM);
+  EXPECT_EQ(list[group1 + 2 * 16].m_row, 32 * kGemmBlockM);
+  EXPECT_EQ(list[group1 + 2 * 16].n_block, 0);
+  EXPECT_EQ(list[group1 + 2 * 16 + 1].n_block, 1);
+  EXPECT_EQ(list.back().m_row, 32 * kGemmBlockM);
+  EXPECT_EQ(list.back().n_block, 223);
 }
 
 // Split lists (gemm_split_plan, gemm_split_entry): the unsplit list's first tiles unchanged;
