@@ -261,17 +261,18 @@ GemmSplit gemm_split_for(GemmKernel kernel, int k, int num_blocks = 0);
 inline int64_t gemm_split_flags(const GemmSplit& split) { return int64_t(split.slots()) * (kSplitMaxParts - 1); }
 int64_t gemm_split_partial_floats(GemmKernel kernel, const GemmSplit& split);
 
-// Device-side schedule for `kernel`: from rows_per_expert[E] (device), writes tiles and
-// *num_tiles. With clusters of two, entries 2u and 2u + 1 run together: first every expert's M
-// tiles in pairs of one column block (rastered as single tiles are), then, for each expert with
-// an odd M tile count, its last M tile's column blocks in pairs (n, n + 1), the last completed
-// by a padding tile when the column blocks are odd in number. `capacity` bounds the tiles
-// written (*num_tiles = 0 past it). `accepted` (device, optional): when it reads 0 the schedule
-// is empty (a refused plan's rows are not in place). `split` (no clusters): cut the last wave's
-// tiles along K where gemm_split_plan says it pays (cuda/gemm_schedule.h), writing each entry's
-// piece to `pieces` (capacity entries); the launch then needs them and the split workspace
-// (GroupedGemmArgs). `half_tiles` false: every tile's `rows` is kGemmBlockM, so no warpgroup
-// skips (comet/plan.h, default_half_tiles).
+// Device-side schedule for `kernel`: from rows_per_expert[E] (device), writes tiles and *num_tiles.
+// With clusters of two, entries 2u and 2u + 1 run together: every expert's M tiles in pairs of one
+// column block (rastered as single tiles are), and, for each expert with an odd M tile count, its
+// last M tile's column blocks in pairs (n, n + 1), the last completed by a padding tile when the
+// column blocks are odd in number; row-major, those run inside the raster group of the expert's
+// last pair, column-major after all pairs (cuda/gemm_schedule.h). `capacity` bounds the tiles
+// written (*num_tiles = 0 past it). `accepted` (device, optional): when it reads 0 the schedule is
+// empty (a refused plan's rows are not in place). `split` (no clusters): cut the last wave's tiles
+// along K where gemm_split_plan says it pays (cuda/gemm_schedule.h), writing each entry's piece to
+// `pieces` (capacity entries); the launch then needs them and the split workspace
+// (GroupedGemmArgs). `half_tiles` false: every tile's `rows` is kGemmBlockM, so no warpgroup skips
+// (comet/plan.h, default_half_tiles).
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity,
                       CUstream_st* stream, const int32_t* accepted = nullptr, const GemmSplit& split = {},
