@@ -94,10 +94,11 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
   // A row-major group keeps kRasterGroupM M tiles whatever the cluster.
   const int group =
       order == TileOrder::kRowMajor ? (kRasterGroupM + cluster - 1) / cluster : default_raster_group(order, tile_n);
+  auto row_end_of = [&](int e) { return rows_per_expert != nullptr ? row_psum[e] + rows_per_expert[e] : INT32_MAX; };
   auto grid_unit = [&](int mu, int n) {
     const int e = find_range(unit_psum, num_experts, mu);
     const int first_row = row_psum[e] + (mu - unit_psum[e]) * cluster * kGemmBlockM;
-    const int row_end = rows_per_expert != nullptr ? row_psum[e] + rows_per_expert[e] : INT32_MAX;
+    const int row_end = row_end_of(e);
     for (int r = 0; r < cluster; ++r) {
       const int m_row = first_row + r * kGemmBlockM;
       unit[r] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
@@ -105,7 +106,7 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
   };
   auto tail_unit = [&](int64_t v) {  // tail unit v: pair v - tail_psum[e] of expert e's last M tile
     const int e = find_range(tail_psum, num_experts, v);
-    const int row_end = rows_per_expert != nullptr ? row_psum[e] + rows_per_expert[e] : INT32_MAX;
+    const int row_end = row_end_of(e);
     const int m_row = row_psum[e + 1] - kGemmBlockM, n = 2 * int(v - tail_psum[e]);
     unit[0] = make_gemm_tile(m_row, n, e, row_end, m_row / kGemmBlockM);
     unit[1] = make_gemm_tile(m_row, n + 1 < num_n_blocks ? n + 1 : n, e, row_end, m_row / kGemmBlockM);
