@@ -77,9 +77,10 @@ struct ClusterRowGroups {
     }
     return lo;
   }
-  COMET_HOST_DEVICE int64_t start(int g) const {
-    return int64_t(g) * group * num_n_blocks + tail_psum[first_expert(g)];
-  }
+  // The units before group g: the grid units of groups 0..g-1 (grid_start) and the tail units of
+  // the experts before first_expert(g).
+  COMET_HOST_DEVICE int64_t grid_start(int g) const { return int64_t(g) * group * num_n_blocks; }
+  COMET_HOST_DEVICE int64_t start(int g) const { return grid_start(g) + tail_psum[first_expert(g)]; }
 };
 
 // The `cluster` entries of unit u (u below gemm_schedule_prefixes' count) into unit[0..cluster).
@@ -124,7 +125,7 @@ COMET_HOST_DEVICE inline void gemm_schedule_unit(int64_t u, const int32_t* rows_
     const int first_tail = tail_psum[groups.first_expert(g)];
     const int pairs = (num_n_blocks + 1) / 2;
     const int odd = (tail_psum[groups.first_expert(g + 1)] - first_tail) / pairs;  // the group's odd experts
-    const int64_t w = u - groups.start(g), whole_pair = 2 * size + odd;
+    const int64_t w = u - groups.grid_start(g) - first_tail, whole_pair = 2 * size + odd;  // start(g)
     const int full_pairs = num_n_blocks / 2;
     const int p = w < full_pairs * whole_pair ? int(w / whole_pair) : full_pairs;
     const int off = int(w - p * whole_pair), columns = p < full_pairs ? 2 : 1;

@@ -48,7 +48,7 @@ COMET_HOST_DEVICE inline void raster_grouped(int group, int64_t i, int grouped_t
       within += int(group_tiles);
       g = count - 1;
     }
-    size = g + 1 < count ? group : grouped_total - g * group;
+    size = raster_group_size(group, g, grouped_total, true);
   } else {
     const int rest = grouped_total - g * group;
     size = rest < group ? rest : group;
