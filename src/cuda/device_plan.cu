@@ -253,13 +253,23 @@ __device__ int chunk_prefix(int32_t* first, int64_t stride, int chunks) {
   return running;
 }
 
+// Layer1's M tiles cut in two (layer1_cut_m_tiles): only where the half tiles go last, in a list
+// of the cooperative kernel's 256-column blocks (a ping-pong warpgroup computes all 128 rows
+// from the tile's first row, so the second half would store over the next M tile's rows).
+// The layout kernel (tile count, column targets) and the tile lists ask with the same rows.
+template <class RowsOf>
+__device__ int layer1_cuts(const DevicePlanArgs& a, const PlanShape& s, int combine_slots, const RowsOf& rows_of) {
+  if (!a.half_tiles || combine_slots != 0 || a.layer1_width != 256) return 0;
+  return layer1_cut_m_tiles(s.experts_per_rank, rows_of, s.n_blocks1, a.layer1_grid);
+}
+
 __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanShape s, const __grid_constant__ PlanBatch batch) {
   begin_dependent_kernel();
   const DevicePlanArgs& a = batch.ranks[blockIdx.x];
   const DevicePlanView& plan = a.plan;
   extern __shared__ int smem_raw[];
   __shared__ typename BlockScan::TempStorage scan_storage;
-  __shared__ int total_rows, total_tiles, bad_rows;
+  __shared__ int total_rows, total_tiles, bad_rows, cut_m;
   __shared__ int list_base[kMaxWorld + 1];  // combine_slots entries before each ring position
   __shared__ int recv_base[kMaxWorld + 1];  // received tokens before each ring position (recv_psum)
   LayoutSmem sm(smem_raw, s);
@@ -334,8 +344,10 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       plan.num_tiles[0] = plan.num_tiles[1] = 0;
     } else {
       plan.num_tiles[0] = num_m * s.n_blocks0;
-      plan.num_tiles[1] = num_m * s.n_blocks1;
+      plan.num_tiles[1] = (num_m + layer1_cuts(a, s, plan.counts[3], [&](int e) { return sm.expert_rows[e]; })) *
+                          s.n_blocks1;
     }
+    cut_m = bad_rows ? 0 : plan.num_tiles[1] / s.n_blocks1 - num_m;
   }
   __syncthreads();
   for (int pos = tid; pos <= W; pos += kThreads) {
@@ -436,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       a.tile_base[m] = a.tile_target[m];
     }
     for (int j = tid; j < s.n_blocks1; j += kThreads) {
-      a.col_target[j] = a.col_base[j] + uint64_t(num_m);
+      a.col_target[j] = a.col_base[j] + uint64_t(num_m + cut_m);  // a cut M tile stores two
       a.col_base[j] = a.col_target[j];
     }
   }
@@ -466,46 +478,64 @@ __device__ void write_tile_lists(const DevicePlanArgs& a, const PlanShape& s, in
   // groups: the claims then fill the last round with them instead of starting a whole tile
   // there. Mixtral at 1024 tokens per rank with 2049-2112 rows (256 whole tiles and 16 half
   // ones, 264 tile-times for 132 blocks) can then end after two rounds of tiles, not two and a
-  // half.
-  int half_m = 0;  // half M tiles, each the last of its expert
-  auto last_tile_is_half = [&](int e) {
+  // half. Where layer1_cuts says so, a last M tile of 65-127 rows is two half tiles there, rows
+  // [0, 64) and [64, rows) of the tile (layer1_cut_m_tiles).
+  const bool halves_last = a.half_tiles && plan.counts[3] == 0;
+  // The layout kernel counted the cut M tiles (layer1_cuts) into layer1's length; read back here
+  // rather than asked again, which would cost this kernel registers it does not have.
+  const int tiles1 = plan.num_tiles[1];
+  const int cut_halves = halves_last && tiles1 > num_m * s.n_blocks1 ? 2 : 0;  // of a cut M tile
+  // Half tiles of expert e's last M tile where they go last: 1 (at most 64 rows), 2 (cut), 0 (a
+  // whole tile).
+  auto halves_of = [&](int e) {
     const int first = plan.expert_offset[e] / kGemmBlockM, end = plan.expert_offset[e + 1] / kGemmBlockM;
-    return end > first && tile_rows(end - 1) <= kGemmBlockM / 2;
+    if (end == first) return 0;
+    const int rows = tile_rows(end - 1);
+    return rows <= kGemmBlockM / 2 ? 1 : rows < kGemmBlockM ? cut_halves : 0;
   };
-  if (a.half_tiles && plan.counts[3] == 0) {
+  int half_entries = 0, split_m = 0;  // half tiles; M tiles run as half tiles
+  if (halves_last) {
 #pragma unroll 1
-    for (int e = 0; e < E; ++e) half_m += last_tile_is_half(e) ? 1 : 0;
+    for (int e = 0; e < E; ++e) {
+      const int h = halves_of(e);
+      half_entries += h;
+      split_m += h > 0 ? 1 : 0;
+    }
   }
-  const int whole_m = num_m - half_m;
-  // The j-th whole (or half) M tile in expert order, and its expert.
-  auto m_of = [&](int j, bool half, int& expert) {
+  const int whole_m = num_m - split_m;
+  // The first row of the j-th whole M tile, or of the j-th half tile (part 0 or 1 of its M tile:
+  // 64 rows further for part 1), in expert order, and its expert.
+  auto first_row_of = [&](int j, bool half, int& expert) {
 #pragma unroll 1
     for (int e = 0; e < E; ++e) {
       const int first = plan.expert_offset[e] / kGemmBlockM, tiles = plan.expert_offset[e + 1] / kGemmBlockM - first;
-      const bool e_half = last_tile_is_half(e);
-      const int here = half ? (e_half ? 1 : 0) : tiles - (e_half ? 1 : 0);
+      const int h = halves_of(e);
+      const int here = half ? h : tiles - (h > 0 ? 1 : 0);
       if (j < here) {
         expert = e;
-        return half ? first + tiles - 1 : first + j;
+        return half ? (first + tiles - 1) * kGemmBlockM + j * (kGemmBlockM / 2) : (first + j) * kGemmBlockM;
       }
       j -= here;
     }
     expert = E - 1;
-    return num_m - 1;  // not reached: j is below whole_m or half_m
+    return (num_m - 1) * kGemmBlockM;  // not reached: j is below whole_m or half_entries
   };
 #pragma unroll 1
-  for (int i = thread; i < num_m * s.n_blocks1; i += threads) {
-    int m, n, e;
-    if (half_m == 0) {
-      raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, i, num_m, s.n_blocks1, m, n);
-      e = expert_of(m);
+  for (int i = thread; i < tiles1; i += threads) {  // (whole_m + half_entries) x the column blocks
+    int begin, n, e;
+    if (half_entries == 0) {
+      raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, i, num_m, s.n_blocks1, begin, n);
+      e = expert_of(begin);
+      begin *= kGemmBlockM;
     } else {
       const bool half = i >= whole_m * s.n_blocks1;
       const int j = half ? i - whole_m * s.n_blocks1 : i;
-      raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, j, half ? half_m : whole_m, s.n_blocks1, m, n);
-      m = m_of(m, half, e);
+      raster_tile(TileOrder::kColumnBlockMajor, s.raster_n1, j, half ? half_entries : whole_m, s.n_blocks1, begin, n);
+      begin = first_row_of(begin, half, e);
     }
-    plan.tiles1[i] = make_gemm_tile(m * kGemmBlockM, n, e, m * kGemmBlockM + tile_rows(m), m);
+    // A half tile ends 64 rows after its first row at most (the first of a cut M tile's two).
+    const int m = begin / kGemmBlockM, end = m * kGemmBlockM + tile_rows(m);
+    plan.tiles1[i] = make_gemm_tile(begin, n, e, i >= whole_m * s.n_blocks1 ? min(begin + kGemmBlockM / 2, end) : end, m);
   }
 }
 
@@ -717,11 +747,12 @@ DevicePlanLayout::DevicePlanLayout(const LayerConfig& c) {
   n_blocks0 = gemm_num_n_blocks(GemmEpilogue::kSwiGlu, c.ffn_per_rank(), GemmKernel::kCooperative128x256);
   // Sized for the narrowest layer1 column blocks (DevicePlanArgs::layer1_width).
   n_blocks1 = gemm_num_n_blocks(GemmEpilogue::kIdentity, c.model.hidden, GemmKernel::kPingpong128x128);
+  max_tiles1 = (max_m_tiles + E) * n_blocks1;  // at most one cut M tile per expert
   const int64_t K = rows_per_token;
   const int64_t sizes[] = {E * 4, (E + 1) * 4, W * 4, (W + 1) * 4, W * Tm * 4, W * Tm * K * 4, W * Tm * K * 4,
                            Tm * W * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, max_m_tiles * 4, 4 * 4,
                            max_m_tiles * n_blocks0 * int64_t(sizeof(GemmTile)),
-                           max_m_tiles * n_blocks1 * int64_t(sizeof(GemmTile)), 2 * 4, W * chunks * E * 4,
+                           max_tiles1 * int64_t(sizeof(GemmTile)), 2 * 4, W * chunks * E * 4,
                            W * chunks * 4, chunks * W * 4, W * chunks * 4, max_rows * 4,
                            max_rows * int64_t(sizeof(RowCombine)), W * Tm * 4, W * chunks * 4};
   for (int64_t bytes : sizes) {

@@ -24,8 +24,9 @@
 //   counts         [4]            {number of M tiles, rows_on_rank, plan accepted (1) or refused (0),
 //                                 combine slots}
 //   tiles0         GemmTile [MT * NB0]   layer0 GEMM schedule (grouped raster over layer0_order)
-//   tiles1         GemmTile [MT * NB1]   layer1 GEMM schedule (column-block groups; half tiles
-//                                 last when counts[3] is 0)
+//   tiles1         GemmTile [(MT + E/EP) * NB1]  layer1 GEMM schedule (column-block groups; half
+//                                 tiles last when counts[3] is 0, and then an expert's last M
+//                                 tile of 65-127 rows may be cut in two: layer1_cut_m_tiles)
 //   num_tiles      [2]            {tiles0 length, tiles1 length}
 //   chunk_row_base [W * C * E/EP] first A row of chunk c of ring position p for each expert
 //                                 (C = ceil(Tm / 256) token chunks per source; plan scratch)
@@ -94,11 +95,58 @@ COMET_HOST_DEVICE inline int32_t pack_row_source(int pos, int token) { return (p
 COMET_HOST_DEVICE inline int row_source_pos(int32_t source) { return source >> kRowSourceTokenBits; }
 COMET_HOST_DEVICE inline int row_source_token(int32_t source) { return source & ((1 << kRowSourceTokenBits) - 1); }
 
+// Layer1's half tiles when they go last (no combine slots, so nothing waits for a column block,
+// and the cooperative kernel's 256-column blocks, whose second warpgroup skips a tile of at
+// most 64 rows): the blocks claim the whole tiles first and fill the last round with the half
+// ones. An expert's last M tile of 65-127 rows is a whole tile there, and when it tips the
+// whole tiles into one more round (a Mixtral rank with 2126 rows at 1024 tokens: 17 x 16 = 272
+// tiles on 132 SMs, a third round for 8 of them), cutting it into two half tiles, rows
+// [0, 64) and [64, rows) of the M tile, lets that round end half way. The cut costs a second
+// load of the column block's B and of 64 A rows, so it is made only where the claimed
+// schedule, counted in half-tile times, ends sooner with it.
+//
+// The end of a claimed schedule of `whole` tiles (2 half-tile times each) followed by `halves`
+// half tiles (1 each) on `grid` blocks, in half-tile times: each block takes the next entry when
+// it is free, so the whole tiles give `rem` blocks one more than the others, and the half tiles
+// first bring the others level, then go round all blocks.
+// (32-bit: a tile list's length is an int, and 64-bit divisions cost the plan kernel registers.)
+COMET_HOST_DEVICE inline int claimed_end_in_half_tiles(int whole, int halves, int grid) {
+  const int rounds = whole / grid, rem = whole % grid;
+  if (rem == 0) return 2 * rounds + (halves + grid - 1) / grid;
+  const int level = 2 * (grid - rem);  // half tiles that fit before the busiest blocks end
+  if (halves <= level) return 2 * rounds + 2;
+  return 2 * rounds + 2 + (halves - level + grid - 1) / grid;
+}
+
+// How many experts' last M tiles layer1's list cuts in two (all that qualify, or none): those of
+// 65-127 rows, when the claimed schedule on `grid` blocks ends sooner with them cut. rows_of(e):
+// rows of local expert e; n_blocks: layer1's column blocks. The device plan and the tests that
+// mirror it both ask here.
+template <class RowsOf>
+COMET_HOST_DEVICE int layer1_cut_m_tiles(int experts, const RowsOf& rows_of, int n_blocks, int grid) {
+  if (grid <= 0) return 0;
+  int m_tiles = 0, halves = 0, cuttable = 0;
+  for (int e = 0; e < experts; ++e) {
+    const int rows = rows_of(e);
+    if (rows <= 0) continue;
+    const int last = rows - (rows - 1) / kGemmBlockM * kGemmBlockM;  // 1-128
+    m_tiles += (rows + kGemmBlockM - 1) / kGemmBlockM;
+    halves += last <= kGemmBlockM / 2 ? 1 : 0;
+    cuttable += last > kGemmBlockM / 2 && last < kGemmBlockM ? 1 : 0;
+  }
+  if (cuttable == 0) return 0;
+  const int uncut = claimed_end_in_half_tiles((m_tiles - halves) * n_blocks, halves * n_blocks, grid);
+  const int cut =
+      claimed_end_in_half_tiles((m_tiles - halves - cuttable) * n_blocks, (halves + 2 * cuttable) * n_blocks, grid);
+  return cut < uncut ? cuttable : 0;
+}
+
 // Sizes of the plan buffers of one rank for `config` (block_m must be kGemmBlockM).
 struct DevicePlanLayout {
   explicit DevicePlanLayout(const LayerConfig& config);
   int rows_per_token;  // K above
   int64_t max_rows, max_m_tiles, n_blocks0, n_blocks1;
+  int64_t max_tiles1;  // tiles1's capacity: every M tile, and each expert's last one cut in two
   int64_t total_bytes() const { return total_bytes_; }
   // Carves the view out of `base` (total_bytes() of device memory, 256-byte aligned).
   DevicePlanView view(void* base) const;
@@ -128,6 +176,10 @@ struct DevicePlanArgs {
   // Columns of layer1's column blocks: GEMM1's tile width (256 cooperative, 128 ping-pong). The
   // tile list (in combine groups of combine_group_blocks(width)) and the column signals follow.
   int layer1_width = 256;
+  // Blocks that claim layer1's tiles (the SM count): with 256-column blocks, half tiles and no
+  // combine slots, the list cuts the last M tiles that layer1_cut_m_tiles picks for this grid;
+  // 0: none is cut.
+  int layer1_grid = 0;
   // Records bad input (token count above T_max, expert id out of range, an expert repeated
   // within a token, rows beyond the buffers: the plan is refused, with no tiles, receiving and
   // sending nothing; a NaN or infinite routing weight: recorded, the plan runs as usual).
@@ -136,7 +188,8 @@ struct DevicePlanArgs {
   // the plan kernel, which runs before the layer kernels of the same call in stream order,
   // turns the bases (what earlier calls delivered) into this call's targets and advances them.
   //   tile_target[m] = tile_base[m] + rows of M tile m     (layer0: rows landed per tile)
-  //   col_target[j]  = col_base[j]  + number of M tiles    (layer1: tiles stored per column block)
+  //   col_target[j]  = col_base[j]  + number of M tiles, plus the cut ones (layer1: tiles stored
+  //                                                       per column block)
   uint64_t* tile_base = nullptr;    // [MT], persistent
   uint64_t* tile_target = nullptr;  // [MT]
   uint64_t* col_base = nullptr;     // [NB1], persistent

@@ -69,17 +69,26 @@ constexpr int kOwnerReduceBlocksPerSm = 2;
 // The fused layer0's raster group height: its first wave then waits for the rows of this many
 // M tiles instead of kRasterGroupM (docs/results/ has the measurement).
 constexpr int kFusedLayer0GroupM = 4;
+// A 0 / 1 switch in the environment, to compare two schedules on one binary: -1 when unset; any
+// other value throws, naming the variable ("off" must not mean on).
+int env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return -1;
+  const std::string_view s(v);
+  COMET_CHECK(s == "0" || s == "1", name << " must be 0 or 1, got '" << s << "'");
+  return s == "1" ? 1 : 0;
+}
 // The layer's default half tiles (comet/plan.h default_half_tiles), or COMET_HALF_TILES=0 / 1 in
-// the environment (read once) to compare the two on one binary; LayerOptions::half_tiles wins.
+// the environment (read once); LayerOptions::half_tiles wins.
 bool layer_half_tiles(const LayerConfig& config) {
-  static const int forced = [] {
-    const char* v = std::getenv("COMET_HALF_TILES");
-    if (v == nullptr) return -1;
-    const std::string_view s(v);
-    COMET_CHECK(s == "0" || s == "1", "COMET_HALF_TILES must be 0 or 1, got '" << s << "'");
-    return s == "1" ? 1 : 0;
-  }();
+  static const int forced = env_switch("COMET_HALF_TILES");
   return forced >= 0 ? forced == 1 : default_half_tiles(config);
+}
+// Whether layer1's lists may cut a last M tile in two (cuda/device_plan.h layer1_cut_m_tiles):
+// on, unless COMET_CUT_TILES=0 in the environment (read once).
+bool layer1_cut_tiles() {
+  static const bool on = env_switch("COMET_CUT_TILES") != 0;
+  return on;
 }
 
 // The unfused pipeline's copy kernels run the fused kernels' data movement (cuda/comm_rows.cuh)
@@ -190,7 +199,7 @@ struct MoeLayer::Impl {
   // traced forward and zeroed before each one; every record is a KernelTraceEvent (32 bytes):
   //   tiles0  [MT * NB0]  layer0 GEMM tiles, slot = tile index
   //   waits0  [MT * NB0]  layer0 GEMM producer waits, slot = tile index
-  //   tiles1  [MT * NB1]  layer1 GEMM tiles
+  //   tiles1  [max_tiles1]  layer1 GEMM tiles (DevicePlanLayout)
   //   chunks0 [C0]        layer0 communication records, C = trace_chunk_capacity() of the plan's
   //   chunks1 [C1]        bounds (W * T_max slots or M tiles x 128 rows, every warp of the grid), or the option
   //   counts  unsigned [2] in one more record: chunk records claimed by each layer
@@ -415,6 +424,9 @@ struct MoeLayer::Impl {
       a.layer0_stages = layer0_stages();
       a.half_tiles = half_tiles();
       a.layer1_width = layer1_col_width();
+      // Layer1's claimed tiles run on every SM (the fused kernel's communication blocks with no
+      // combine slots join at once); the cut M tiles need the cooperative kernel's half tiles.
+      if (layer1_kernel() == cuda::GemmKernel::kCooperative128x256 && layer1_cut_tiles()) a.layer1_grid = target.num_sms;
       if (signals == Signals::kOn) {
         uint64_t* e = k.epochs;
         const int64_t mt = plan_layout.max_m_tiles, nb = plan_layout.n_blocks1;
@@ -813,7 +825,7 @@ struct MoeLayer::Impl {
     const int groups = cuda::combine_groups(layer1_col_blocks(), combine_group_blocks());
     TraceBuffers want;
     want.tiles0 = mt * plan_layout.n_blocks0;
-    want.tiles1 = mt * plan_layout.n_blocks1;
+    want.tiles1 = plan_layout.max_tiles1;
     // Layer0's items are received tokens, or A rows (padding included) in DispatchOrder::kRows.
     const int64_t items0 = std::max(slots, mt * cuda::kGemmBlockM);
     want.chunks0 = options.trace_chunk_capacity > 0 ? options.trace_chunk_capacity

@@ -471,7 +471,12 @@ struct GroupedGemmKernel {
                             p.rank);
       }
       __syncwarp();
-      Tensor tAgA = tma_a.partition_S(gA(_, _, gemm_tile_a_row(tile) / kTileM, _, 0));  // (TMA,TMA_M,TMA_K,k)
+      // The tile's A rows from its first row, which need not start a 128-row block: the second
+      // half of an M tile cut in two starts 64 rows in (the device plan's layer1 lists). The
+      // TMA coordinates are offset; the box (and the OOB zero fill past max_rows) is as ever.
+      const int a_row = gemm_tile_a_row(tile);
+      Tensor tAgA = tma_a.partition_S(domain_offset(make_coord(a_row % kTileM, 0, 0), gA(_, _, a_row / kTileM, _, 0)));
+      // (TMA,TMA_M,TMA_K,k)
       Tensor tBgB = tma_b.partition_S(gB(_, _, tile.n_block, _, tile.expert));  // (TMA,TMA_N,TMA_K,k)
       Tensor tBgB_other = tma_b_other.partition_S(gB(_, _, tile.n_block, _, tile.expert));
       // Entries 2u and 2u + 1 are a cluster's pair: t ^ 1 is the partner's entry.

@@ -124,6 +124,7 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
   const int64_t combine_offset = 4096;
   DeviceBuffer<void*> heap_table(heaps);
   int reordered_ranks = 0;  // ranks whose layer1 list put half tiles last
+  int cut_ranks = 0;        // ranks whose layer1 list cut an M tile in two
   for (int r = 0; r < W; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     buffer.poison();
@@ -136,6 +137,9 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
     args.plan = layout.view(buffer.get());
     args.error = error.get();
     args.layer0_stages = pc.stages;
+    // Layer1's claiming grid, small enough for these few tiles to tip into one more round, so
+    // that some ranks' lists cut a last M tile in two (layer1_cut_m_tiles); every third: none.
+    args.layer1_grid = r % 3 == 0 ? 0 : 2;
     const bool singles = (r + pc.seed) % 2 == 0;
     SCOPED_TRACE(singles ? "epilogue combine" : "every token through the combine");
     if (singles) {
@@ -243,7 +247,13 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
     // for the narrowest, 128).
     const int n_blocks1 = gemm_num_n_blocks(GemmEpilogue::kIdentity, c.model.hidden, GemmKernel::kCooperative128x256);
     ASSERT_LE(n_blocks1, int(layout.n_blocks1));
-    ASSERT_EQ(n_tiles[1], nm * n_blocks1);
+    // Cut M tiles only where the half tiles go last (no combine slots), as the host mirror says.
+    const int cuts = counts[3] == 0 ? layer1_cut_m_tiles(E, [&](int e) { return host.expert_rows(r, e); }, n_blocks1,
+                                                         args.layer1_grid)
+                                    : 0;
+    ASSERT_EQ(n_tiles[1], (nm + cuts) * n_blocks1);
+    ASSERT_LE(n_tiles[1], layout.max_tiles1);
+    cut_ranks += cuts > 0 ? 1 : 0;
     const auto t0 = download(v.tiles0, n_tiles[0]);
     std::vector<int> seen(size_t(nm) * layout.n_blocks0, 0);
     for (const GemmTile& t : t0) {
@@ -257,10 +267,12 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
       ++seen[size_t(t.signal) * layout.n_blocks0 + t.n_block];
     }
     for (int x : seen) EXPECT_EQ(x, 1);
-    // Layer1: every (M tile, column block) once; with no combine slots, no whole tile after a
-    // half one (rows <= 64), since nothing waits for its column blocks; with combine slots, the
-    // column groups' raster itself.
-    std::vector<int> seen1(size_t(nm) * n_blocks1, 0);
+    // Layer1: every (M tile, column block) once, or a cut M tile's two halves, rows [0, 64) and
+    // [64, rows) of it; with no combine slots, no whole tile after a half one (rows <= 64),
+    // since nothing waits for its column blocks; with combine slots, the column groups' raster
+    // itself.
+    std::vector<int> seen1(size_t(nm) * n_blocks1, 0), rows1(size_t(nm) * n_blocks1, 0);
+    int cut_halves = 0;
     bool half_seen = false;
     int half_tiles = 0;
     const int group1 = default_raster_group(TileOrder::kColumnBlockMajor, 256);
@@ -277,18 +289,38 @@ TEST_P(DevicePlanTest, EqualsTheHostPlanOnEveryRank) {
       ASSERT_LT(t.signal, nm);
       ASSERT_GE(t.n_block, 0);
       ASSERT_LT(t.n_block, n_blocks1);
-      EXPECT_EQ(t.m_row, m_row[t.signal]);
-      EXPECT_EQ(t.rows, std::min(kGemmBlockM, host.expert_row_begin(r, t.expert) + host.expert_rows(r, t.expert) - t.m_row))
-          << "the expert's rows in the layer1 tile";
+      const int tile_rows = std::min(kGemmBlockM, host.expert_row_begin(r, t.expert) + host.expert_rows(r, t.expert) -
+                                                     m_row[t.signal]);
+      const bool cut_tile = tile_rows > kGemmBlockM / 2 && t.rows <= kGemmBlockM / 2;
+      if (cut_tile) {
+        ++cut_halves;
+        const bool second = t.m_row != m_row[t.signal];
+        EXPECT_EQ(t.m_row, m_row[t.signal] + (second ? kGemmBlockM / 2 : 0)) << "layer1 entry " << i;
+        EXPECT_EQ(t.rows, second ? tile_rows - kGemmBlockM / 2 : kGemmBlockM / 2) << "layer1 entry " << i;
+      } else {
+        EXPECT_EQ(t.m_row, m_row[t.signal]);
+        EXPECT_EQ(t.rows, tile_rows) << "the expert's rows in the layer1 tile";
+      }
       ++seen1[size_t(t.signal) * n_blocks1 + t.n_block];
+      rows1[size_t(t.signal) * n_blocks1 + t.n_block] += t.rows;
       const bool half = t.rows <= kGemmBlockM / 2;
       half_tiles += half ? 1 : 0;
       if (counts[3] == 0) EXPECT_FALSE(half_seen && !half) << "a whole layer1 tile after a half one, M tile " << t.signal;
       half_seen |= half;
     }
-    for (int x : seen1) EXPECT_EQ(x, 1);
+    for (int m = 0; m < nm; ++m)
+      for (int n = 0; n < n_blocks1; ++n) {
+        const size_t at = size_t(m) * n_blocks1 + n;
+        EXPECT_EQ(seen1[at], m_rows[m] > kGemmBlockM / 2 && m_rows[m] < kGemmBlockM && cuts > 0 ? 2 : 1)
+            << "M tile " << m << " column block " << n;
+        EXPECT_EQ(rows1[at], m_rows[m]) << "rows of M tile " << m << " column block " << n;
+      }
+    EXPECT_EQ(cut_halves, 2 * cuts * n_blocks1);
     if (counts[3] == 0 && half_tiles > 0) ++reordered_ranks;
   }
+  // Some rank's list cut a tile (the cases with one expert per rank and no combine slots).
+  if (GetParam().world == 8 && GetParam().tp == 1 && GetParam().num_experts == 8)
+    EXPECT_GT(cut_ranks, 0) << "no rank's layer1 list cut an M tile";
   // The reordered list must have run somewhere in the suite's cases (one expert per rank).
   if (GetParam().world == 8 && GetParam().tp == 1 && GetParam().num_experts == 8)
     EXPECT_GT(reordered_ranks, 0) << "no rank had a half layer1 tile and no combine slots";

@@ -506,6 +506,52 @@ TEST(GroupedGemm, ClaimedTilesMatchStaticTilesBitwise) {
   }
 }
 
+// A last M tile of 65-127 rows cut in two half tiles, rows [0, 64) and [64, rows) of it (the
+// device plan's layer1 lists, layer1_cut_m_tiles): the second half's A rows start 64 rows into
+// the M tile. The cooperative kernel computes every element with the same k order either way,
+// so the output equals the whole tiles' bit for bit. Claimed, as the layer claims them.
+TEST(GroupedGemm, MTilesCutInHalvesMatchWholeTilesBitwise) {
+  COMET_REQUIRE_GPU();
+  for (auto epilogue : {GemmEpilogue::kIdentity, GemmEpilogue::kSwiGlu}) {
+    // Last M tiles of 72, 65, 127 and 44 rows (the last a half tile already), an empty expert,
+    // and an expert of whole tiles only.
+    const GemmCase c{"cut", epilogue, 512, 512, {200, 0, 65, 255, 256, 44}, 23, GemmKernel::kCooperative128x256};
+    SCOPED_TRACE(c.describe());
+    const GemmProblem p = make_gemm_problem(c);
+    const GemmRun want = run_checked(p, TileOrder::kColumnBlockMajor);
+    const int nb = gemm_num_n_blocks(epilogue, c.n, c.kernel);
+    std::vector<GemmTile> list;
+    int cut = 0;
+    for (int n = 0; n < nb; ++n)
+      for (int e = 0; e < int(c.rows.size()); ++e)
+        for (int m_row = p.offsets[e]; m_row < p.offsets[e] + c.rows[e]; m_row += kGemmBlockM) {
+          const int end = p.offsets[e] + c.rows[e], m = m_row / kGemmBlockM;
+          if (end - m_row > kGemmBlockM / 2 && end - m_row < kGemmBlockM) {
+            list.push_back(make_gemm_tile(m_row, n, e, m_row + kGemmBlockM / 2, m));
+            list.push_back(make_gemm_tile(m_row + kGemmBlockM / 2, n, e, end, m));
+            ++cut;
+          } else {
+            list.push_back(make_gemm_tile(m_row, n, e, end, m));
+          }
+        }
+    ASSERT_EQ(cut, 3 * nb);
+    DeviceGemm g(p, TileOrder::kColumnBlockMajor);
+    DeviceBuffer<GemmTile> tiles(list);
+    DeviceBuffer<int32_t> num_tiles(std::vector<int32_t>{int32_t(list.size())});
+    DeviceBuffer<unsigned> claims(1);
+    claims.zero();
+    GroupedGemmArgs args = g.args(p);
+    args.tiles = tiles.get();
+    args.num_tiles = num_tiles.get();
+    args.tile_claims = claims.get();
+    run_grouped_gemm(args, nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(g.error.download()[0].claimed, 0) << describe(g.error.download()[0]);
+    const std::vector<uint16_t> raw = g.d.download();
+    EXPECT_EQ(expert_rows_only(p, raw), want.d) << "the halves' output differs from the whole tiles'";
+  }
+}
+
 // Split schedules on small grids, where a few hundred rows make several waves: on the grids
 // where the list splits (at least one per configuration and epilogue), the output matches the
 // references, and a second launch on the same flags gives the same output bit for bit (the first

@@ -16,6 +16,17 @@
 
 namespace comet::testing {
 
+// A layer of a model no preset gives: EP = `world` (TP 1) or EP x TP, T_max tokens per rank, the
+// CUDA backend's tiles.
+inline LayerConfig model_layer_config(const ModelShape& model, int world, int tp, int max_tokens_per_rank) {
+  LayerConfig c;
+  c.model = model;
+  c.layout = {world, world / tp, tp};
+  c.max_tokens_per_rank = max_tokens_per_rank;
+  c.tiles = {128, 128, 256};
+  return c;
+}
+
 struct LayerRig {
   LayerConfig config;
   MoeProblem problem;

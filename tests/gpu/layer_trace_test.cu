@@ -20,6 +20,7 @@
 #include "comet/plan.h"
 #include "comet/problem.h"
 #include "cuda/comm_rows.cuh"
+#include "cuda/device_plan.h"
 #include "cuda/device_problem.h"
 #include "fabric/fabric.h"
 #include "gpu_test_util.h"
@@ -173,7 +174,13 @@ void check_trace(const TracedRun& run, const MoeLayer& layer, const MoeProblem& 
     // is 1024 columns either way.
     LayerConfig c1 = c;
     c1.tiles.block_n1 = gemm_combine ? 128 : c.tiles.block_n1;
-    const int64_t tiles1 = build_layer1_schedule(c1, plan, r).num_tiles();
+    // The cooperative layer1's list cuts last M tiles of 65-127 rows in two where the device
+    // plan's rule says (half tiles last: no tokens through the combine; claimed on the grid).
+    const int cuts = combined == 0 && layer.half_tiles() && !gemm_combine
+                         ? cuda::layer1_cut_m_tiles(
+                               c.experts_per_rank(), [&](int e) { return plan.expert_rows(r, e); }, c1.num_col_blocks1(), grid)
+                         : 0;
+    const int64_t tiles1 = build_layer1_schedule(c1, plan, r).num_tiles() + int64_t(cuts) * c1.num_col_blocks1();
     const int group_blocks = cuda::combine_group_blocks(c1.tiles.block_n1);
     const int groups = (c1.num_col_blocks1() + group_blocks - 1) / group_blocks;
     for (int layer = 0; layer < 2; ++layer) {

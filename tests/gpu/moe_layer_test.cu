@@ -15,6 +15,7 @@
 #include "captured_forward.h"
 #include "checkpoint_weights.h"
 #include "cuda/device_info.h"
+#include "cuda/device_plan.h"
 #include "cuda/device_problem.h"
 #include "fabric/fabric.h"
 #include "gpu_test_util.h"
@@ -29,6 +30,7 @@ namespace {
 
 using test::LayerCase;
 using testing::LayerRig;
+using testing::model_layer_config;
 using test::layer_cases;
 
 class MoeLayerTest : public ::testing::TestWithParam<LayerCase> {};
@@ -92,6 +94,39 @@ TEST(MoeLayer, HalfTilesOnAndOffGiveTheSameOutput) {
   EXPECT_EQ(rig.forward(o), want) << "unfused, half tiles off";
   o.half_tiles = true;
   EXPECT_EQ(rig.forward(o), want) << "unfused, half tiles on";
+}
+
+// Layer1's lists cut a last M tile of 65-127 rows in two half tiles where the claimed schedule
+// ends sooner so (cuda/device_plan.h layer1_cut_m_tiles). One expert per rank, H = 4096 (16
+// column blocks of 256) and about 1100 rows per rank: 9 M tiles, 144 whole tiles on 132 SMs,
+// against 128 whole and 32 half ones with the cut. The fused and unfused forwards on the plan's
+// cut lists match the oracle and equal, bit for bit, the uncut ones: with half tiles off (no
+// cut), and kAuto's ping-pong GEMMs on lists of their own.
+TEST(MoeLayer, CutLastMTilesMatchTheOracleAndTheUncutOutputBitwise) {
+  COMET_REQUIRE_GPU();
+  const LayerConfig c = model_layer_config({"cut", 4096, 256, 8, 2, Activation::kSwiGlu}, 8, 1, 600);
+  LayerRig rig(c, std::vector<int>(8, 550), {RoutingKind::kUniform, 0, 0}, 5);
+  const DispatchPlan plan(rig.config, rig.problem.routing);
+  const int sms = cuda::query_device_info().num_sms;
+  int cut_ranks = 0;
+  for (int r = 0; r < 8; ++r)
+    cut_ranks += cuda::layer1_cut_m_tiles(1, [&](int e) { return plan.expert_rows(r, e); }, 16, sms) > 0;
+  ASSERT_GT(cut_ranks, 0) << "no rank's layer1 list is cut on " << sms << " SMs: the case tests nothing";
+  LayerOptions o;
+  o.path = ForwardPath::kFused;
+  o.layer1_combine = Layer1Combine::kCommBlocks;  // the cooperative GEMM1, whose lists are cut
+  o.split_gemms = false;                          // every forward with the same sums
+  const auto want = rig.forward(o);
+  EXPECT_TRUE(testing::near_oracle(want, ref::oracle_forward(rig.problem), c.model.hidden));
+  o.path = ForwardPath::kUnfused;
+  EXPECT_EQ(rig.forward(o), want) << "unfused, on the plan's cut lists";
+  o.unfused_gemms = UnfusedGemms::kAuto;
+  EXPECT_EQ(rig.forward(o), want) << "unfused, kAuto's own lists";
+  o.unfused_gemms = UnfusedGemms::kFusedSchedule;
+  o.half_tiles = false;
+  EXPECT_EQ(rig.forward(o), want) << "unfused, half tiles off (no cut)";
+  o.path = ForwardPath::kFused;
+  EXPECT_EQ(rig.forward(o), want) << "fused, half tiles off (no cut)";
 }
 
 // A decode-sized batch (LayerOptions::split_gemms): H = F = 2048, 8 experts, EP 2, at most 64
@@ -488,11 +523,7 @@ TEST(FusedLayer, ManyTilesPerBlockBitwiseEqualToUnfused) {
 // unfused.
 TEST(FusedLayer, TopkSixteenBitwiseEqualToUnfused) {
   COMET_REQUIRE_GPU();
-  LayerConfig c;
-  c.model = {"topk16", 256, 512, 32, 16, Activation::kSwiGlu};
-  c.layout = {2, 2, 1};
-  c.max_tokens_per_rank = 300;
-  c.tiles = {128, 128, 256};
+  const LayerConfig c = model_layer_config({"topk16", 256, 512, 32, 16, Activation::kSwiGlu}, 2, 1, 300);
   LayerRig rig(c, {300, 123}, {RoutingKind::kZipf, 1.5, 0.05}, 31);
   rig.layer.forward(rig.device.tensors(), nullptr);
   rig.layer.check(nullptr);
@@ -696,11 +727,7 @@ TEST(MoeLayer, FusedModesFollowTheTableEntryUnlessOptionsFixThem) {
 // back to communication blocks, saying why; the layer still runs and matches the oracle.
 TEST(MoeLayer, GemmBlockCopiesOfRowsLargerThanTheRingAreRefused) {
   COMET_REQUIRE_GPU();
-  LayerConfig c;
-  c.model = {"wide", 24576, 64, 4, 2, Activation::kSwiGlu};
-  c.layout = {2, 2, 1};
-  c.max_tokens_per_rank = 8;
-  c.tiles = {128, 128, 256};
+  const LayerConfig c = model_layer_config({"wide", 24576, 64, 4, 2, Activation::kSwiGlu}, 2, 1, 8);
   LayerRig rig(c, {8, 5}, {}, 3);
   MoeLayer& layer = rig.layer;
   LayerOptions o;
