@@ -256,7 +256,8 @@ __device__ int chunk_prefix(int32_t* first, int64_t stride, int chunks) {
 // Layer1's M tiles cut in two (layer1_cut_m_tiles): only where the half tiles go last, in a list
 // of the cooperative kernel's 256-column blocks (a ping-pong warpgroup computes all 128 rows
 // from the tile's first row, so the second half would store over the next M tile's rows).
-// The layout kernel (tile count, column targets) and the tile lists ask with the same rows.
+// The layout kernel asks (layer1's length and column targets); the placing kernel, which writes
+// the lists, reads the length back.
 template <class RowsOf>
 __device__ int layer1_cuts(const DevicePlanArgs& a, const PlanShape& s, int combine_slots, const RowsOf& rows_of) {
   if (!a.half_tiles || combine_slots != 0 || a.layer1_width != 256) return 0;
