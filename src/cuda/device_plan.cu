@@ -338,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     bad_rows = offset_end > s.max_rows || repeated;
     if (offset_end > s.max_rows)
       record_input_error(a.error, r, WaitRole::kRowOverflow, r, uint64_t(s.max_rows), uint64_t(offset_end));
+    cut_m = bad_rows ? 0 : layer1_cuts(a, s, plan.counts[3], [&](int e) { return sm.expert_rows[e]; });
     if (bad_rows) {
       plan.counts[0] = 0;
       plan.counts[2] = 0;  // the placing kernel writes nothing
@@ -345,10 +346,8 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
       plan.num_tiles[0] = plan.num_tiles[1] = 0;
     } else {
       plan.num_tiles[0] = num_m * s.n_blocks0;
-      plan.num_tiles[1] = (num_m + layer1_cuts(a, s, plan.counts[3], [&](int e) { return sm.expert_rows[e]; })) *
-                          s.n_blocks1;
+      plan.num_tiles[1] = (num_m + cut_m) * s.n_blocks1;
     }
-    cut_m = bad_rows ? 0 : plan.num_tiles[1] / s.n_blocks1 - num_m;
   }
   __syncthreads();
   for (int pos = tid; pos <= W; pos += kThreads) {

@@ -110,7 +110,8 @@ TEST(MoeLayer, CutLastMTilesMatchTheOracleAndTheUncutOutputBitwise) {
   const int sms = cuda::query_device_info().num_sms;
   int cut_ranks = 0;
   for (int r = 0; r < 8; ++r)
-    cut_ranks += cuda::layer1_cut_m_tiles(1, [&](int e) { return plan.expert_rows(r, e); }, 16, sms) > 0;
+    cut_ranks += cuda::layer1_cut_m_tiles(c.experts_per_rank(), [&](int e) { return plan.expert_rows(r, e); },
+                                          c.num_col_blocks1(), sms) > 0;
   ASSERT_GT(cut_ranks, 0) << "no rank's layer1 list is cut on " << sms << " SMs: the case tests nothing";
   LayerOptions o;
   o.path = ForwardPath::kFused;
