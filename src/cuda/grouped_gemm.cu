@@ -194,7 +194,7 @@ GemmSplit gemm_split_for(GemmKernel kernel, int k, int num_blocks) {
     COMET_CUDA_CHECK(cudaGetDevice(&device));
     COMET_CUDA_CHECK(cudaDeviceGetAttribute(&num_blocks, cudaDevAttrMultiProcessorCount, device));
   }
-  return GemmSplit{num_blocks, kernel == GemmKernel::kPingpong128x128 ? 2 : 1, (k + 63) / 64};
+  return GemmSplit{num_blocks, kernel == GemmKernel::kPingpong128x128 ? 2 : 1, (k + kGemmTileK - 1) / kGemmTileK};
 }
 
 int64_t gemm_split_partial_floats(GemmKernel kernel, const GemmSplit& split) {

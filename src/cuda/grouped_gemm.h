@@ -44,6 +44,9 @@ struct CUstream_st;
 namespace comet::cuda {
 
 inline constexpr int kGemmBlockM = 128;  // rows per tile; expert segments align to it
+// K per k-tile (one pipeline stage) in every configuration; split pieces count in k-tiles.
+// 128 (half the stages) was 1-16% slower (docs/results/2026-12-03-k-depth-128.md).
+inline constexpr int kGemmTileK = 64;
 inline constexpr int kSwiGluPack = 64;   // gate/up interleave of the SwiGLU weight layout
 
 // kActivation: a plain (non-gated) activation applied to every output element
@@ -144,7 +147,7 @@ COMET_HOST_DEVICE inline void gemm_piece_k_range(const GemmSplitPiece& p, int k_
 struct GemmSplit {
   int blocks = 0;           // the launch's grid
   int tiles_per_block = 1;  // tiles a block runs at once: 1 cooperative, 2 ping-pong
-  int k_tiles = 0;          // k-tiles of a whole tile: ceil(K / 64)
+  int k_tiles = 0;          // k-tiles of a whole tile: ceil(K / kGemmTileK)
   // A split must also shorten the busiest block's schedule by this fraction of its unsplit
   // length (cuda/gemm_schedule.h, gemm_split_plan); 0: any last wave it shortens enough.
   float min_gain_fraction = 0.f;

@@ -11,7 +11,7 @@ void run_fused_layer0(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CU
     run_fused_layer0_gemm_copies(gemm, comm, stream);
     return;
   }
-  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, 64>;
+  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, kGemmTileK>;
   sm90::launch_fused_layer<Gemm, 0>(gemm, comm, stream);
 }
 }  // namespace comet::cuda

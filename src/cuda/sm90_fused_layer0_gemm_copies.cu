@@ -7,7 +7,7 @@ namespace comet::cuda {
 bool bulk_dispatch_fits(int hidden) { return hidden > 0 && bulk_dispatch_slots(kDispatchRingBytes, hidden) >= 1; }
 
 void run_fused_layer0_gemm_copies(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CUstream_st* stream) {
-  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, 64, 1, false, kDispatchRingBytes>;
+  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, kGemmTileK, 1, false, kDispatchRingBytes>;
   sm90::launch_fused_layer<Gemm, 0>(gemm, comm, stream);
 }
 }  // namespace comet::cuda

@@ -6,7 +6,7 @@ void run_fused_layer1(const GroupedGemmArgs& gemm, const FusedCommArgs& comm, CU
   // Without done flags only for MoeLayer::Part::kFusedGemms (the communication blocks idle).
   COMET_CHECK(gemm.epilogue == GemmEpilogue::kIdentity && (gemm.done_flags != nullptr || comm.stall),
               "fused layer1 runs GEMM1 with column-block signals");
-  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kIdentity, kGemmBlockM, 256, 64>;
+  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kIdentity, kGemmBlockM, 256, kGemmTileK>;
   sm90::launch_fused_layer<Gemm, 1>(gemm, comm, stream);
 }
 }  // namespace comet::cuda

@@ -12,7 +12,7 @@ void run_fused_layer1_gemm_combine(const GroupedGemmArgs& gemm, const FusedCommA
   COMET_CHECK(resolve_gemm_kernel(gemm) == GemmKernel::kPingpong128x128,
               "fused layer1 with the combine in the GEMM blocks runs " << gemm_kernel_name(GemmKernel::kPingpong128x128)
                                                                      << " tiles, not " << gemm_kernel_name(resolve_gemm_kernel(gemm)));
-  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kIdentity, kGemmBlockM, 128, 64, 1, true, 0, 152>;
+  using Gemm = sm90::GroupedGemmKernel<GemmEpilogue::kIdentity, kGemmBlockM, 128, kGemmTileK, 1, true, 0, 152>;
   sm90::launch_fused_layer<Gemm, 1>(gemm, comm, stream);
 }
 }  // namespace comet::cuda

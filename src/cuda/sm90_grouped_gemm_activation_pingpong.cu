@@ -2,7 +2,7 @@
 #include "cuda/sm90_grouped_gemm_launch.cuh"
 
 namespace comet::cuda {
-using Kernel_activation_pingpong = sm90::GroupedGemmKernel<GemmEpilogue::kActivation, kGemmBlockM, 128, 64, 1, true>;
+using Kernel_activation_pingpong = sm90::GroupedGemmKernel<GemmEpilogue::kActivation, kGemmBlockM, 128, kGemmTileK, 1, true>;
 void launch_grouped_gemm_activation_pingpong(const GroupedGemmArgs& args, cudaStream_t stream) {
   sm90::launch_grouped_gemm<Kernel_activation_pingpong>(args, stream);
 }

@@ -3,7 +3,7 @@
 #include "cuda/sm90_grouped_gemm_launch.cuh"
 
 namespace comet::cuda {
-using Kernel_identity_cooperative_cluster2x1 = sm90::GroupedGemmKernel<GemmEpilogue::kIdentity, kGemmBlockM, 256, 64, 2, false>;
+using Kernel_identity_cooperative_cluster2x1 = sm90::GroupedGemmKernel<GemmEpilogue::kIdentity, kGemmBlockM, 256, kGemmTileK, 2, false>;
 void launch_grouped_gemm_identity_cooperative_cluster2x1(const GroupedGemmArgs& args, cudaStream_t stream) {
   sm90::launch_grouped_gemm<Kernel_identity_cooperative_cluster2x1>(args, stream);
 }

@@ -52,6 +52,7 @@ int grouped_gemm_blocks(const GroupedGemmArgs& args, int device, int num_sms) {
 template <class Kernel, bool kSplitTiles = false>
 void launch_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream) {
   static_assert(!kSplitTiles || Kernel::kClusterM == 1, "clusters cannot split tiles");
+  static_assert(Kernel::kTileK == kGemmTileK, "split schedules (gemm_split_for) count k-tiles of kGemmTileK");
   const Status ok = can_implement(args);
   COMET_CHECK(ok.ok, "grouped GEMM cannot run: " << ok.reason);
   int device = 0, num_sms = 0;

@@ -3,7 +3,7 @@
 #include "cuda/sm90_grouped_gemm_launch.cuh"
 
 namespace comet::cuda {
-using Kernel_swiglu_cooperative_split = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, 64, 1, false>;
+using Kernel_swiglu_cooperative_split = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 256, kGemmTileK, 1, false>;
 void launch_grouped_gemm_swiglu_cooperative_split(const GroupedGemmArgs& args, cudaStream_t stream) {
   sm90::launch_grouped_gemm<Kernel_swiglu_cooperative_split, true>(args, stream);
 }

@@ -3,7 +3,7 @@
 #include "cuda/sm90_grouped_gemm_launch.cuh"
 
 namespace comet::cuda {
-using Kernel_swiglu_pingpong_cluster2x1 = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 128, 64, 2, true>;
+using Kernel_swiglu_pingpong_cluster2x1 = sm90::GroupedGemmKernel<GemmEpilogue::kSwiGlu, kGemmBlockM, 128, kGemmTileK, 2, true>;
 void launch_grouped_gemm_swiglu_pingpong_cluster2x1(const GroupedGemmArgs& args, cudaStream_t stream) {
   sm90::launch_grouped_gemm<Kernel_swiglu_pingpong_cluster2x1>(args, stream);
 }
