@@ -11,8 +11,10 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "comet/error.h"
 #include "cuda/check.h"
 
 namespace comet::bench {
@@ -29,6 +31,63 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// A launch's end event and what it ran, for naming a launch that never finishes.
+struct LaunchMark {
+  cudaEvent_t end;
+  size_t variant;
+  int round;  // timed round; kWarmUp or kCheck
+};
+inline constexpr int kWarmUp = -1, kCheck = -2;
+
+// How long a synchronization may go without any launch finishing before the bench calls it a
+// hang. The longest single launch of any bench shape is tens of milliseconds.
+inline constexpr double kNoProgressSeconds = 60;
+
+// cudaStreamSynchronize that cannot wait forever: polls `stream` and, when no launch in `marks`
+// (in stream order) has finished for `no_progress_s`, throws an Error naming the first one
+// still running. A kernel stuck in a wait without a time limit (a pipeline barrier) would
+// otherwise hang the process silently; the Error lets it exit, which ends the kernel.
+inline void sync_or_name_hang(cudaStream_t stream, const std::vector<Variant>& variants,
+                              const std::vector<LaunchMark>& marks, double no_progress_s = kNoProgressSeconds) {
+  auto last_progress = std::chrono::steady_clock::now();
+  size_t finished = 0;  // marks[0, finished) have completed
+  while (true) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) COMET_CUDA_CHECK(q);
+    while (finished < marks.size()) {
+      const cudaError_t e = cudaEventQuery(marks[finished].end);
+      if (e == cudaErrorNotReady) break;
+      COMET_CUDA_CHECK(e);
+      ++finished;
+      last_progress = std::chrono::steady_clock::now();
+    }
+    const double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_progress).count();
+    if (idle > no_progress_s && finished < marks.size()) {
+      const LaunchMark& m = marks[finished];
+      COMET_CHECK(false, "bench: variant '" << variants[m.variant].name << "' ("
+                                              << (m.round == kWarmUp  ? std::string("warm-up")
+                                                  : m.round == kCheck ? std::string("check")
+                                                                      : "timed round " + std::to_string(m.round))
+                                              << ") has not finished after " << no_progress_s
+                                              << " s with no launch completing: a kernel that does not return");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// The same for whatever `stream` holds now (a check's launches), named `what` on a hang.
+inline void sync_or_name_hang(cudaStream_t stream, const std::string& what, double no_progress_s = kNoProgressSeconds) {
+  cudaEvent_t end;
+  COMET_CUDA_CHECK(cudaEventCreate(&end));
+  COMET_CUDA_CHECK(cudaEventRecord(end, stream));
+  struct DestroyEvent {
+    cudaEvent_t e;
+    ~DestroyEvent() { cudaEventDestroy(e); }
+  } destroy{end};
+  sync_or_name_hang(stream, {Variant{what, {}}}, {LaunchMark{end, 0, kCheck}}, no_progress_s);
+}
+
 // Runs every variant round-robin: warm-up for at least `warmup_ms` and at least `warmup_rounds`
 // rounds, then `iters` timed rounds. Returns the median microseconds of each variant, in order.
 // Processes that must run the same number of rounds (ranks of one run) pass warmup_ms = 0.
@@ -40,18 +99,29 @@ using Align = std::function<void(cudaStream_t)>;
 inline std::vector<double> time_interleaved(const std::vector<Variant>& variants, cudaStream_t stream,
                                             int iters, double warmup_ms, int warmup_rounds = 1,
                                             const Align& align = {}) {
+  std::vector<cudaEvent_t> events(2 * variants.size() * iters + variants.size());
+  for (auto& e : events) COMET_CUDA_CHECK(cudaEventCreate(&e));
+  struct DestroyEvents {
+    std::vector<cudaEvent_t>& events;
+    ~DestroyEvents() {
+      for (auto& e : events) cudaEventDestroy(e);
+    }
+  } destroy{events};
+  // Warm-up: each variant's end marked by an event of its own (re-recorded every round).
+  std::vector<LaunchMark> marks;
+  for (size_t v = 0; v < variants.size(); ++v) marks.push_back({events[2 * variants.size() * iters + v], v, kWarmUp});
   const auto start = std::chrono::steady_clock::now();
   for (int round = 0;; ++round) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (round >= warmup_rounds && ms >= warmup_ms) break;
-    for (const auto& v : variants) {
+    for (size_t v = 0; v < variants.size(); ++v) {
       if (align) align(stream);
-      v.launch(stream);
+      variants[v].launch(stream);
+      COMET_CUDA_CHECK(cudaEventRecord(marks[v].end, stream));
     }
-    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    sync_or_name_hang(stream, variants, marks);
   }
-  std::vector<cudaEvent_t> events(2 * variants.size() * iters);
-  for (auto& e : events) COMET_CUDA_CHECK(cudaEventCreate(&e));
+  marks.clear();
   for (int it = 0; it < iters; ++it)
     for (size_t v = 0; v < variants.size(); ++v) {
       const size_t i = 2 * (it * variants.size() + v);
@@ -59,8 +129,9 @@ inline std::vector<double> time_interleaved(const std::vector<Variant>& variants
       COMET_CUDA_CHECK(cudaEventRecord(events[i], stream));
       variants[v].launch(stream);
       COMET_CUDA_CHECK(cudaEventRecord(events[i + 1], stream));
+      marks.push_back({events[i + 1], v, it});
     }
-  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  sync_or_name_hang(stream, variants, marks);
   std::vector<double> medians;
   for (size_t v = 0; v < variants.size(); ++v) {
     std::vector<double> us;
@@ -72,7 +143,6 @@ inline std::vector<double> time_interleaved(const std::vector<Variant>& variants
     }
     medians.push_back(median(us));
   }
-  for (auto& e : events) cudaEventDestroy(e);
   return medians;
 }
 
