@@ -9,7 +9,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,12 +46,19 @@ inline constexpr int kWarmUp = -1, kCheck = -2;
 // hang. The longest single launch of any bench shape is tens of milliseconds.
 inline constexpr double kNoProgressSeconds = 60;
 
+// What a hang does. kExit (the tool's): print `comet: error: <what>` and end the process with
+// exit code 3 (docs/cli.md) at once. Unwinding is no use there: the kernel keeps running, and
+// the first cudaFree on the way out waits for it forever. kThrow: an Error (tests, which then
+// release the kernel themselves).
+enum class OnHang { kExit, kThrow };
+
 // cudaStreamSynchronize that cannot wait forever: polls `stream` and, when no launch in `marks`
-// (in stream order) has finished for `no_progress_s`, throws an Error naming the first one
-// still running. A kernel stuck in a wait without a time limit (a pipeline barrier) would
-// otherwise hang the process silently; the Error lets it exit, which ends the kernel.
+// (in stream order) has finished for `no_progress_s`, names the first one still running and
+// acts as `on_hang` says. A kernel stuck in a wait without a time limit (a pipeline barrier)
+// would otherwise hang the process silently; ending the process ends the kernel.
 inline void sync_or_name_hang(cudaStream_t stream, const std::vector<Variant>& variants,
-                              const std::vector<LaunchMark>& marks, double no_progress_s = kNoProgressSeconds) {
+                              const std::vector<LaunchMark>& marks, double no_progress_s = kNoProgressSeconds,
+                              OnHang on_hang = OnHang::kExit) {
   auto last_progress = std::chrono::steady_clock::now();
   size_t finished = 0;  // marks[0, finished) have completed
   while (true) {
@@ -65,19 +75,24 @@ inline void sync_or_name_hang(cudaStream_t stream, const std::vector<Variant>& v
     const double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_progress).count();
     if (idle > no_progress_s && finished < marks.size()) {
       const LaunchMark& m = marks[finished];
-      COMET_CHECK(false, "bench: variant '" << variants[m.variant].name << "' ("
-                                              << (m.round == kWarmUp  ? std::string("warm-up")
-                                                  : m.round == kCheck ? std::string("check")
-                                                                      : "timed round " + std::to_string(m.round))
-                                              << ") has not finished after " << no_progress_s
-                                              << " s with no launch completing: a kernel that does not return");
+      const std::string round = m.round == kWarmUp ? std::string("warm-up")
+                                : m.round == kCheck ? std::string("check")
+                                                    : "timed round " + std::to_string(m.round);
+      std::ostringstream what;
+      what << "bench: variant '" << variants[m.variant].name << "' (" << round << ") has not finished after "
+           << no_progress_s << " s with no launch completing: a kernel that does not return";
+      if (on_hang == OnHang::kThrow) throw Error(what.str());
+      std::fprintf(stderr, "comet: error: %s\n", what.str().c_str());
+      std::fflush(stderr);
+      std::_Exit(3);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
 // The same for whatever `stream` holds now (a check's launches), named `what` on a hang.
-inline void sync_or_name_hang(cudaStream_t stream, const std::string& what, double no_progress_s = kNoProgressSeconds) {
+inline void sync_or_name_hang(cudaStream_t stream, const std::string& what, double no_progress_s = kNoProgressSeconds,
+                              OnHang on_hang = OnHang::kExit) {
   cudaEvent_t end;
   COMET_CUDA_CHECK(cudaEventCreate(&end));
   COMET_CUDA_CHECK(cudaEventRecord(end, stream));
@@ -85,7 +100,7 @@ inline void sync_or_name_hang(cudaStream_t stream, const std::string& what, doub
     cudaEvent_t e;
     ~DestroyEvent() { cudaEventDestroy(e); }
   } destroy{end};
-  sync_or_name_hang(stream, {Variant{what, {}}}, {LaunchMark{end, 0, kCheck}}, no_progress_s);
+  sync_or_name_hang(stream, {Variant{what, {}}}, {LaunchMark{end, 0, kCheck}}, no_progress_s, on_hang);
 }
 
 // Runs every variant round-robin: warm-up for at least `warmup_ms` and at least `warmup_rounds`

@@ -1,9 +1,11 @@
 // GPU tests of the bench's synchronization (bench/timing.h, label `gpu`): a launch that does not
-// finish is named in an Error after the no-progress limit instead of hanging the process, and a
-// slow launch that keeps finishing work is waited for.
+// finish is named after the no-progress limit, in an Error or (the tool's way) in one line on
+// stderr and exit code 3, instead of hanging the process; launches that keep finishing are
+// waited for however long they take together.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "bench/timing.h"
@@ -41,7 +43,7 @@ TEST(BenchTiming, NamesALaunchThatDoesNotFinish) {
   COMET_CUDA_CHECK(cudaEventRecord(ends[1], stream));
   std::string message;
   try {
-    sync_or_name_hang(stream, variants, {{ends[0], 0, 3}, {ends[1], 1, 3}}, 0.5);
+    sync_or_name_hang(stream, variants, {{ends[0], 0, 3}, {ends[1], 1, 3}}, 0.5, OnHang::kThrow);
   } catch (const Error& e) {
     message = e.what();
   }
@@ -54,6 +56,26 @@ TEST(BenchTiming, NamesALaunchThatDoesNotFinish) {
   for (auto& e : ends) cudaEventDestroy(e);
   cudaStreamDestroy(stream);
   cudaFreeHost(release);
+}
+
+// The tool's way, in a child process (gtest's threadsafe death test: the child starts the binary
+// afresh, so it opens its own CUDA context): the kernel runs for 5 s, far past the 0.5 s limit,
+// and the child must exit with code 3 and the named variant on stderr. (The kernel ends on its
+// own, so a process exit that waited for it would still end, 5 s later.)
+TEST(BenchTiming, ExitsWithCodeThreeNamingALaunchThatDoesNotFinish) {
+  COMET_REQUIRE_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run_stuck = [] {
+    cudaStream_t stream;
+    COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaEvent_t end;
+    COMET_CUDA_CHECK(cudaEventCreate(&end));
+    sleep_ns<<<1, 1, 0, stream>>>(5'000'000'000ull);
+    COMET_CUDA_CHECK(cudaEventRecord(end, stream));
+    sync_or_name_hang(stream, {Variant{"stuck", {}}}, {{end, 0, kWarmUp}}, 0.5);
+    std::exit(0);  // not reached: the limit ends the process first
+  };
+  EXPECT_EXIT(run_stuck(), ::testing::ExitedWithCode(3), "comet: error: bench: variant 'stuck' \\(warm-up\\)");
 }
 
 TEST(BenchTiming, WaitsForLaunchesThatKeepFinishing) {
@@ -71,7 +93,7 @@ TEST(BenchTiming, WaitsForLaunchesThatKeepFinishing) {
     COMET_CUDA_CHECK(cudaEventRecord(ends[i], stream));
     marks.push_back({ends[i], 0, int(i)});
   }
-  EXPECT_NO_THROW(sync_or_name_hang(stream, variants, marks, 0.5));
+  EXPECT_NO_THROW(sync_or_name_hang(stream, variants, marks, 0.5, OnHang::kThrow));
   EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess);
   for (auto& e : ends) cudaEventDestroy(e);
   cudaStreamDestroy(stream);
