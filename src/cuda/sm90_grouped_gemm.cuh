@@ -350,14 +350,16 @@ struct GroupedGemmKernel {
       if (!kPingpong && consumer == 1 && gemm_tile_rows(tile) <= kRowsPerWarpGroup) {
         // Release each stage once it is full, as the MMAs would: releasing before the producer
         // filled it could let a stage be refilled while the other warpgroup still reads it.
-        // The warpgroup's four warps meet after each wait: only a few threads of one warp signal
-        // the release (CUTLASS's PipelineTmaAsync), and with no wgmma here to keep the warps in
-        // step, a warp left behind could see a stage refilled twice before it polls and then
-        // wait on the barrier's parity for a fill that never comes (measured: one warp of a
-        // block spinning after the rest of the grid had left, qwen3's GEMM1 in `bench gemm`).
+        // In a cluster the warpgroup's four warps meet after each wait: there CUTLASS's
+        // PipelineTmaAsync takes a stage's release from one thread per destination block (two
+        // threads in warps 0 and 1 of the warpgroup), and with no wgmma here to keep the warps in
+        // step, warp 2 or 3 could fall behind, see a stage refilled twice before it polls, and
+        // then wait on the barrier's parity for a fill that never comes (seen: warp 3 of one
+        // block spinning after the rest of the grid had left, docs/gemm.md). Without clusters
+        // every consumer thread arrives, so no stage is refilled before every warp has seen it.
         for (int k = 0; k < k_count; ++k, ++read_state) {
           pipeline.consumer_wait(read_state);
-          cutlass::arch::NamedBarrier::sync(128, 2 + consumer);
+          if constexpr (kClusterM > 1) cutlass::arch::NamedBarrier::sync(128, 2 + consumer);
           pipeline.consumer_release(read_state);
         }
         // The named barriers the first warpgroup meets below (its sums are its own: the finishing
