@@ -34,6 +34,23 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// `n` CUDA events, destroyed with the object (also when a check throws).
+class Events {
+ public:
+  explicit Events(size_t n) : events_(n) {
+    for (auto& e : events_) COMET_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~Events() {
+    for (auto& e : events_) cudaEventDestroy(e);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  cudaEvent_t operator[](size_t i) const { return events_[i]; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
 // A launch's end event and what it ran, for naming a launch that never finishes.
 struct LaunchMark {
   cudaEvent_t end;
@@ -86,21 +103,18 @@ inline void sync_or_name_hang(cudaStream_t stream, const std::vector<Variant>& v
       std::fflush(stderr);
       std::_Exit(3);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Short polls: the warm-up syncs every round, and a long sleep would idle the GPU between
+    // rounds that are meant to hold it at its sustained clocks.
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
 
 // The same for whatever `stream` holds now (a check's launches), named `what` on a hang.
 inline void sync_or_name_hang(cudaStream_t stream, const std::string& what, double no_progress_s = kNoProgressSeconds,
                               OnHang on_hang = OnHang::kExit) {
-  cudaEvent_t end;
-  COMET_CUDA_CHECK(cudaEventCreate(&end));
-  COMET_CUDA_CHECK(cudaEventRecord(end, stream));
-  struct DestroyEvent {
-    cudaEvent_t e;
-    ~DestroyEvent() { cudaEventDestroy(e); }
-  } destroy{end};
-  sync_or_name_hang(stream, {Variant{what, {}}}, {LaunchMark{end, 0, kCheck}}, no_progress_s, on_hang);
+  const Events end(1);
+  COMET_CUDA_CHECK(cudaEventRecord(end[0], stream));
+  sync_or_name_hang(stream, {Variant{what, {}}}, {LaunchMark{end[0], 0, kCheck}}, no_progress_s, on_hang);
 }
 
 // Runs every variant round-robin: warm-up for at least `warmup_ms` and at least `warmup_rounds`
@@ -114,14 +128,7 @@ using Align = std::function<void(cudaStream_t)>;
 inline std::vector<double> time_interleaved(const std::vector<Variant>& variants, cudaStream_t stream,
                                             int iters, double warmup_ms, int warmup_rounds = 1,
                                             const Align& align = {}) {
-  std::vector<cudaEvent_t> events(2 * variants.size() * iters + variants.size());
-  for (auto& e : events) COMET_CUDA_CHECK(cudaEventCreate(&e));
-  struct DestroyEvents {
-    std::vector<cudaEvent_t>& events;
-    ~DestroyEvents() {
-      for (auto& e : events) cudaEventDestroy(e);
-    }
-  } destroy{events};
+  const Events events(2 * variants.size() * iters + variants.size());
   // Warm-up: each variant's end marked by an event of its own (re-recorded every round).
   std::vector<LaunchMark> marks;
   for (size_t v = 0; v < variants.size(); ++v) marks.push_back({events[2 * variants.size() * iters + v], v, kWarmUp});
