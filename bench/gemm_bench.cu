@@ -298,8 +298,9 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
         poison(args.d, elements);
         cuda::run_grouped_gemm(args, stream);
         std::vector<uint16_t> got(elements);
-        COMET_CUDA_CHECK(cudaMemcpyAsync(got.data(), args.d, got.size() * 2, cudaMemcpyDeviceToHost, stream));
-        sync_or_name_hang(stream, cuda::gemm_kernel_name(args.kernel));
+        const std::string what = std::string(cuda::gemm_kernel_name(args.kernel)) + " on " + name + " T=" +
+                                 std::to_string(tokens) + (args.epilogue == kSwiGlu ? " gemm0+swiglu" : " gemm1");
+        copy_to_host_or_name_hang(got.data(), args.d, got.size() * 2, stream, what);
         return expert_rows_only(std::move(got));
       };
       auto same_output = [&](const cuda::GroupedGemmArgs& args, const std::vector<uint16_t>& want) {

@@ -117,6 +117,18 @@ inline void sync_or_name_hang(cudaStream_t stream, const std::string& what, doub
   sync_or_name_hang(stream, {Variant{what, {}}}, {LaunchMark{end[0], 0, kCheck}}, no_progress_s, on_hang);
 }
 
+// A device-to-host copy of what `stream` computes into pageable memory, as a check reads it. Such
+// a copy blocks the calling thread until the stream's earlier launches have finished, so behind
+// a kernel that never returns it would hang the process before any poll could name it: the
+// stream is waited for first, with the no-progress limit, then copied.
+inline void copy_to_host_or_name_hang(void* host, const void* device, size_t bytes, cudaStream_t stream,
+                                      const std::string& what, double no_progress_s = kNoProgressSeconds,
+                                      OnHang on_hang = OnHang::kExit) {
+  sync_or_name_hang(stream, what, no_progress_s, on_hang);
+  COMET_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream));
+  sync_or_name_hang(stream, what, no_progress_s, on_hang);
+}
+
 // Runs every variant round-robin: warm-up for at least `warmup_ms` and at least `warmup_rounds`
 // rounds, then `iters` timed rounds. Returns the median microseconds of each variant, in order.
 // Processes that must run the same number of rounds (ranks of one run) pass warmup_ms = 0.
@@ -124,10 +136,12 @@ inline void sync_or_name_hang(cudaStream_t stream, const std::string& what, doub
 // processes each time their own stream, and a variant without a cross-rank step of its own (a
 // part of the layer) lets them drift apart, which the next variant that waits for the other
 // ranks would otherwise count as its own time. A barrier there starts every variant in step.
+// Every wait is `sync_or_name_hang`'s, with `no_progress_s` and `on_hang`.
 using Align = std::function<void(cudaStream_t)>;
 inline std::vector<double> time_interleaved(const std::vector<Variant>& variants, cudaStream_t stream,
                                             int iters, double warmup_ms, int warmup_rounds = 1,
-                                            const Align& align = {}) {
+                                            const Align& align = {}, double no_progress_s = kNoProgressSeconds,
+                                            OnHang on_hang = OnHang::kExit) {
   const Events events(2 * variants.size() * iters + variants.size());
   // Warm-up: each variant's end marked by an event of its own (re-recorded every round).
   std::vector<LaunchMark> marks;
@@ -140,8 +154,13 @@ inline std::vector<double> time_interleaved(const std::vector<Variant>& variants
       if (align) align(stream);
       variants[v].launch(stream);
       COMET_CUDA_CHECK(cudaEventRecord(marks[v].end, stream));
+      // The first round waits for each variant alone: a variant's first launch may load its
+      // kernels (lazy module loading, a library's first call), which blocks the thread until the
+      // launches before it have finished, so behind one that never returns it would hang
+      // before any poll could name that one. Once every variant has run, rounds are enqueued whole.
+      if (round == 0) sync_or_name_hang(stream, variants, {marks[v]}, no_progress_s, on_hang);
     }
-    sync_or_name_hang(stream, variants, marks);
+    sync_or_name_hang(stream, variants, marks, no_progress_s, on_hang);
   }
   marks.clear();
   for (int it = 0; it < iters; ++it)
@@ -153,7 +172,7 @@ inline std::vector<double> time_interleaved(const std::vector<Variant>& variants
       COMET_CUDA_CHECK(cudaEventRecord(events[i + 1], stream));
       marks.push_back({events[i + 1], v, it});
     }
-  sync_or_name_hang(stream, variants, marks);
+  sync_or_name_hang(stream, variants, marks, no_progress_s, on_hang);
   std::vector<double> medians;
   for (size_t v = 0; v < variants.size(); ++v) {
     std::vector<double> us;
