@@ -266,7 +266,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       poison(c0.ptr, size_t(max_rows) * 2 * F);
       cuda::run_grouped_gemm(g0, stream);
       cublas.per_expert_loop(s0, a.ptr, w0_concat.ptr, c0.ptr, stream);
-      sync_or_name_hang(stream, name + " T=" + std::to_string(tokens) + " against cuBLAS");
+      sync_or_name_hang(stream, name + " T=" + std::to_string(tokens) + " gemm0+swiglu against cuBLAS");
       // Rows past an expert's end are not part of the output (the cooperative kernels leave them
       // unwritten when a consumer warpgroup's 64 rows all lie there): compared as zeros.
       std::vector<bool> expert_row(size_t(max_rows), false);
@@ -286,7 +286,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& o, const Progre
       poison(c1.ptr, size_t(max_rows) * H);
       cuda::run_grouped_gemm(g1, stream);
       cublas.per_expert_loop(s1, inter.ptr, w1.ptr, c1.ptr, stream);
-      sync_or_name_hang(stream, name + " T=" + std::to_string(tokens) + " against cuBLAS");
+      sync_or_name_hang(stream, name + " T=" + std::to_string(tokens) + " gemm1 against cuBLAS");
       std::vector<uint16_t> ours1(size_t(max_rows) * H), ref1(size_t(max_rows) * H);
       COMET_CUDA_CHECK(cudaMemcpy(ours1.data(), out1.ptr, ours1.size() * 2, cudaMemcpyDeviceToHost));
       ours1 = expert_rows_only(std::move(ours1));
