@@ -37,17 +37,29 @@ inline double median(std::vector<double> v) {
 // `n` CUDA events, destroyed with the object (also when a check throws).
 class Events {
  public:
-  explicit Events(size_t n) : events_(n) {
-    for (auto& e : events_) COMET_CUDA_CHECK(cudaEventCreate(&e));
+  explicit Events(size_t n) {
+    events_.reserve(n);
+    try {
+      for (size_t i = 0; i < n; ++i) {
+        cudaEvent_t e = nullptr;
+        COMET_CUDA_CHECK(cudaEventCreate(&e));
+        events_.push_back(e);
+      }
+    } catch (...) {  // a constructor that throws runs no destructor
+      destroy();
+      throw;
+    }
   }
-  ~Events() {
-    for (auto& e : events_) cudaEventDestroy(e);
-  }
+  ~Events() { destroy(); }
   Events(const Events&) = delete;
   Events& operator=(const Events&) = delete;
   cudaEvent_t operator[](size_t i) const { return events_[i]; }
 
  private:
+  void destroy() noexcept {
+    for (auto& e : events_) cudaEventDestroy(e);
+    events_.clear();
+  }
   std::vector<cudaEvent_t> events_;
 };
 

@@ -221,7 +221,8 @@ class MoeLayer {
   bool split_gemms(int layer) const;
 
   // Benchmarks only. Deterministic pseudo-random weights (uniform, scale 1/sqrt(fan-in)) written
-  // on the device: full-size presets have more weights than fit in host fp32.
+  // on the device: full-size presets have more weights than fit in host fp32. Synchronous as
+  // the two setters above.
   void set_random_weights(uint64_t seed);
   // Benchmarks only: one part of the unfused pipeline on every rank, on the plans and buffers of
   // the last forward() (call it once first). kGemms: the two grouped GEMMs as the unfused

@@ -28,14 +28,25 @@ CublasExperts::CublasExperts() {
   cublasHandle_t handle;
   COMET_CUBLAS_CHECK(cublasCreate(&handle));
   handle_ = handle;
-  COMET_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-  COMET_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace_, kWorkspaceBytes));
+  // A constructor that throws runs no destructor: what was made so far is released here.
+  try {
+    COMET_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+    COMET_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace_, kWorkspaceBytes));
+  } catch (...) {
+    release();
+    throw;
+  }
 }
 
-CublasExperts::~CublasExperts() {
+CublasExperts::~CublasExperts() { release(); }
+
+void CublasExperts::release() noexcept {
   if (device_ptrs_) cudaFree(device_ptrs_);
   if (workspace_) cudaFree(workspace_);
   if (handle_) cublasDestroy(h(handle_));
+  device_ptrs_ = nullptr;
+  workspace_ = nullptr;
+  handle_ = nullptr;
 }
 
 // Row-major C[rows][n] = A[rows][k] * B[n][k]^T is column-major C^T = op_T(B) * A^T:

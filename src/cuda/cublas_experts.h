@@ -44,6 +44,7 @@ class CublasExperts {
   void grouped(CUstream_st* stream);
 
  private:
+  void release() noexcept;  // frees what exists (the destructor, a constructor that throws)
   void* handle_ = nullptr;
   void* workspace_ = nullptr;
   // Host arrays of the grouped call, rebuilt per call (capacity kept: no allocation once warm).

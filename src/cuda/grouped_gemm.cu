@@ -85,7 +85,8 @@ int gemm_num_n_blocks(GemmEpilogue epilogue, int n, GemmKernel kernel) {
 Status can_implement(const GroupedGemmArgs& a) {
   std::ostringstream os;
   if (a.num_experts < 1 || a.max_rows < 0 || a.n < 1 || a.k < 1) {
-    os << "grouped GEMM needs E >= 1, N >= 1, K >= 1 (got E=" << a.num_experts << ", N=" << a.n << ", K=" << a.k << ")";
+    os << "grouped GEMM needs E >= 1, max_rows >= 0, N >= 1, K >= 1 (got E=" << a.num_experts << ", max_rows="
+       << a.max_rows << ", N=" << a.n << ", K=" << a.k << ")";
     return Status::failure(os.str());
   }
   if (a.num_experts > kMaxGemmExperts) {
@@ -255,8 +256,13 @@ __global__ void build_tiles_kernel(const int32_t* rows_per_expert, int num_exper
 void build_gemm_tiles(const int32_t* rows_per_expert, int num_experts, int num_n_blocks, GemmKernel kernel,
                       TileOrder order, GemmTile* tiles, int32_t* num_tiles, int64_t capacity, CUstream_st* stream,
                       const int32_t* accepted, const GemmSplit& split, GemmSplitPiece* pieces, bool half_tiles) {
-  COMET_CHECK(num_experts >= 1 && num_experts <= kMaxGemmExperts && num_n_blocks >= 1,
-              "build_gemm_tiles: E=" << num_experts << " (1.." << kMaxGemmExperts << "), n blocks=" << num_n_blocks);
+  // The kernel keeps three int32 words per expert (and one more) in shared memory, within the
+  // 48 KB a launch has without opting in to more: up to 4095 experts, far above any model's
+  // experts per rank (MoeLayer's plan stops lower).
+  constexpr int kMaxTileBuildExperts = int(48 * 1024 / (3 * sizeof(int32_t))) - 1;
+  COMET_CHECK(num_experts >= 1 && num_experts <= std::min(kMaxGemmExperts, kMaxTileBuildExperts) && num_n_blocks >= 1,
+              "build_gemm_tiles: E=" << num_experts << " (1.." << std::min(kMaxGemmExperts, kMaxTileBuildExperts)
+                                     << "), n blocks=" << num_n_blocks);
   COMET_CHECK(kernel != GemmKernel::kAuto, "build_gemm_tiles: resolve the kernel first (resolve_gemm_kernel)");
   COMET_CHECK(gemm_cluster_m(kernel) <= 2, "build_gemm_tiles: clusters of 1 or 2 blocks");
   COMET_CHECK(split.blocks == 0 || gemm_cluster_m(kernel) == 1,

@@ -273,6 +273,20 @@ struct MoeLayer::Impl {
     for (int layer = 0; layer < 2; ++layer) splits[layer] = unfused_split(layer);
     ensure_split_workspace();
   }
+  // resolve_choices after options or the table changed; where it throws (the split workspace
+  // could not be allocated), `restore` puts the previous options or table back and their
+  // choices are resolved again (they need no allocation: they were resolved before), so a
+  // refused change leaves the layer as it was.
+  template <class Restore>
+  void resolve_choices_or_restore(Restore restore) {
+    try {
+      resolve_choices();
+    } catch (...) {
+      restore();
+      resolve_choices();
+      throw;
+    }
+  }
   int layer0_group_m() const {
     if (options.layer0_group_m > 0) return options.layer0_group_m;
     return fused_path() ? kFusedLayer0GroupM : cuda::kRasterGroupM;
@@ -538,14 +552,20 @@ struct MoeLayer::Impl {
       COMET_CUDA_CHECK(cudaSetDevice(g.device));
       void* partials = nullptr;
       void* words = nullptr;
-      COMET_CUDA_CHECK(cudaMalloc(&partials, size_t(floats) * sizeof(float)));
-      if (cudaMalloc(&words, size_t(flags) * sizeof(uint64_t)) != cudaSuccess) {
+      // Nothing is kept unless all of it succeeds (the caller then restores the previous choices).
+      auto refuse = [&](cudaError_t e, const char* what) {
         cudaGetLastError();
         cudaFree(partials);
-        COMET_CHECK(false, "MoeLayer: could not allocate the split GEMMs' flags on GPU " << g.device);
-      }
-      COMET_CUDA_CHECK(cudaMemset(words, 0, size_t(flags) * sizeof(uint64_t)));
-      COMET_CUDA_CHECK(cudaDeviceSynchronize());
+        cudaFree(words);
+        COMET_CHECK(false, "MoeLayer: could not " << what << " on GPU " << g.device << ": " << cudaGetErrorString(e));
+      };
+      if (cudaError_t e = cudaMalloc(&partials, size_t(floats) * sizeof(float)); e != cudaSuccess)
+        refuse(e, "allocate the split GEMMs' partial sums");
+      if (cudaError_t e = cudaMalloc(&words, size_t(flags) * sizeof(uint64_t)); e != cudaSuccess)
+        refuse(e, "allocate the split GEMMs' flags");
+      if (cudaError_t e = cudaMemset(words, 0, size_t(flags) * sizeof(uint64_t)); e != cudaSuccess)
+        refuse(e, "zero the split GEMMs' flags");
+      if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) refuse(e, "zero the split GEMMs' flags");
       g.split_partials = static_cast<float*>(partials);
       g.split_flags = static_cast<uint64_t*>(words);
     }
@@ -811,7 +831,7 @@ struct MoeLayer::Impl {
       on_ranks(stream, {[&](const Rank& k, cudaStream_t s) {
                  COMET_CUDA_CHECK(cudaMemsetAsync(k.error, 0, Rank::kErrorRecords * sizeof(cuda::DeviceError), s));
                }});
-      reset_epochs(stream);
+      reset_epochs(stream, "a forward that failed while enqueueing");
     } catch (...) {
       unusable = "a forward failed while enqueueing and the layer's counters could not be reset; create a new MoeLayer";
     }
@@ -872,9 +892,13 @@ struct MoeLayer::Impl {
   // After a failure the counters, bases and barrier generations no longer agree: zero them all
   // and wait, so that the next forward (possibly on a non-blocking stream) sees them zeroed. On
   // a multi-process fabric the other ranks' words are out of reach: the layer refuses to run.
-  void reset_epochs(cudaStream_t stream) {
+  // `cause` says what failed ("a device error", "a forward that failed while enqueueing").
+  // Nothing is written once another layer has reallocated the heap: this layer's regions now
+  // lie in that layer's memory (forward and run_part refuse to run then, check_heap).
+  void reset_epochs(cudaStream_t stream, const char* cause) {
+    if (fabric.heap_generation() != heap_generation) return;
     if (fabric.num_local_ranks() < config.layout.world) {
-      unusable = "a device error left the ranks' barrier and signal counters out of step; on a multi-process "
+      unusable = std::string(cause) + " left the ranks' barrier and signal counters out of step; on a multi-process "
                  "fabric every rank must create a new MoeLayer";
       return;
     }
@@ -1053,13 +1077,15 @@ MoeLayer::MoeLayer(const LayerConfig& config, fabric::Fabric& fabric) {
 void MoeLayer::set_options(const LayerOptions& o) {
   const Status ok = check_layer_options(impl_->config, o, impl_->target);
   COMET_CHECK(ok.ok, "MoeLayer: " << ok.reason);
+  const LayerOptions before = impl_->options;
   impl_->options = o;
-  impl_->resolve_choices();
+  impl_->resolve_choices_or_restore([&] { impl_->options = before; });
 }
 
 void MoeLayer::set_tuning_table(const TuningTable& table) {
+  const TuningTable before = impl_->tuning;
   impl_->tuning = table;
-  impl_->resolve_choices();
+  impl_->resolve_choices_or_restore([&] { impl_->tuning = before; });
 }
 
 NCommChoice MoeLayer::n_comm() const { return impl_->choices.n_comm; }
@@ -1079,6 +1105,9 @@ void MoeLayer::set_random_weights(uint64_t seed) {
   m.forget_weights(m.ranks.begin(), m.ranks.end());
   for (Impl::Rank& k : m.ranks) {  // seeded by the global rank: the same weights on every fabric
     COMET_CUDA_CHECK(cudaSetDevice(k.device));
+    // As the other setters: a forward in flight on a non-blocking stream reads the old weights
+    // to its end (the fill runs on the legacy stream, which does not wait for such streams).
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
     m.allocate_weights(k);
     cuda::fill_uniform_bf16(k.w0, m.w0_elements(), seed * 64 + 2 * k.rank, 1.f / std::sqrt(float(H)));
     cuda::fill_uniform_bf16(k.w1, m.w1_elements(), seed * 64 + 2 * k.rank + 1, 1.f / std::sqrt(float(Fl)));
@@ -1267,7 +1296,7 @@ void MoeLayer::check(CUstream_st* stream) {
              }});
   // Bad input alone leaves every counter in step (the plan refuses it on every rank alike, or,
   // for a weight, runs as usual): only a timeout needs the reset.
-  if (timed_out) m.reset_epochs(stream);
+  if (timed_out) m.reset_epochs(stream, "a device error");
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   // A stuck signal (no bad input behind it) is a TimeoutError, as the fabrics' waits are.
   if (input.empty()) throw TimeoutError("MoeLayer: " + first);

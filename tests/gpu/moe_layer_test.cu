@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "comet/dtype.h"
 #include "comet/layer.h"
@@ -130,6 +131,17 @@ TEST(MoeLayer, CutLastMTilesMatchTheOracleAndTheUncutOutputBitwise) {
   EXPECT_EQ(rig.forward(o), want) << "fused, half tiles off (no cut)";
 }
 
+// The split tests' layer: H = F = 2048 (32 k-tiles at K = H or F, enough for two pieces), 8
+// experts, top 2, EP 2.
+LayerConfig split_test_config(int max_tokens_per_rank) {
+  ModelShape model;
+  model.hidden = 2048;
+  model.ffn = 2048;
+  model.num_experts = 8;
+  model.topk = 2;
+  return model_layer_config(model, 2, 1, max_tokens_per_rank);
+}
+
 // A decode-sized batch (LayerOptions::split_gemms): H = F = 2048, 8 experts, EP 2, at most 64
 // tokens per rank: about 32 rows per expert, so GEMM0 has 4 experts x 1 M tile x 16 column blocks
 // = 64 tiles, and GEMM1, a short batch's on ping-pong 128 x 128 tiles, 4 x 1 x 16 = 64 for 264
@@ -139,14 +151,7 @@ TEST(MoeLayer, CutLastMTilesMatchTheOracleAndTheUncutOutputBitwise) {
 // capture with new token counts, a rank with none, and the compute-only part.
 TEST(MoeLayer, SplitGemmsOfADecodeBatchMatchTheOracleAndTheUnsplitOutput) {
   COMET_REQUIRE_GPU();
-  LayerConfig c;
-  c.model.hidden = 2048;
-  c.model.ffn = 2048;
-  c.model.num_experts = 8;
-  c.model.topk = 2;
-  c.layout = {2, 2, 1};
-  c.max_tokens_per_rank = 64;
-  c.tiles = {128, 128, 256};
+  const LayerConfig c = split_test_config(64);
   const RoutingSpec spec{RoutingKind::kZipf, 1.1, 0.1};
   LayerRig rig(c, {64, 41}, spec, 23);
   ASSERT_TRUE(rig.layer.split_gemms(0));
@@ -347,6 +352,101 @@ TEST(MoeLayer, MisusedTensorsOptionsAndFabricAreRefusedByName) {
     EXPECT_TRUE(refused(good, {"reallocated", "one fabric per layer"}));
     EXPECT_TRUE(test::throws_with<Error>([&] { layer.run_part(MoeLayer::Part::kGemms, nullptr); }, {"reallocated"}));
   }
+}
+
+// A forward that timed out, checked only after a second layer on its fabric reallocated the
+// heap: check() still reports the timeout, but its reset writes nothing into the heap, which
+// the second layer's counters now occupy at the same offsets (zeroed under it, its next fused
+// forward would wait for counts that never come). The second layer's forwards stay unchanged
+// and the first layer still refuses to run.
+TEST(FusedLayer, TimeoutCheckedAfterTheHeapWasReallocatedLeavesTheNewLayersCountersAlone) {
+  COMET_REQUIRE_GPU();
+  LayerRig rig(LayerCase{"mixtral-8x7b", 16, 4, 1, 64, {64, 64, 64, 64}, {}, 11});
+  LayerOptions o;
+  o.path = ForwardPath::kFused;
+  o.timeout_s = 1.0;
+  LayerOptions stalled = o;
+  stalled.timeout_s = 0.2;
+  stalled.stall_rank = 2;
+  rig.layer.set_options(stalled);
+  rig.layer.forward(rig.device.tensors(), nullptr);
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());  // its waits have timed out; nothing checked yet
+  MoeLayer second(rig.config, *rig.fabric);   // reallocates the heap under rig.layer
+  second.set_weights(rig.problem.weights);
+  second.set_options(o);
+  auto forward_second = [&] {
+    rig.device.poison_y();
+    second.forward(rig.device.tensors(), nullptr);
+    second.check(nullptr);
+    return rig.device.download_y();
+  };
+  const auto want = forward_second();
+  EXPECT_TRUE(testing::near_oracle(want, ref::oracle_forward(rig.problem), rig.problem.config.model.hidden));
+  EXPECT_TRUE(test::throws_with<TimeoutError>([&] { rig.layer.check(nullptr); }, {"rank 2", "layer0", "signal"}));
+  EXPECT_EQ(forward_second(), want) << "the first layer's check reset counters in the second layer's heap";
+  EXPECT_EQ(forward_second(), want);
+  EXPECT_TRUE(test::throws_with<Error>([&] { rig.layer.forward(rig.device.tensors(), nullptr); }, {"reallocated"}));
+}
+
+// Takes all but about `leave` bytes of the current GPU's free memory until destroyed.
+class GpuMemoryHog {
+ public:
+  explicit GpuMemoryHog(size_t leave) {
+    constexpr size_t kGranule = size_t(2) << 20;
+    for (;;) {
+      size_t free = 0, total = 0;
+      COMET_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+      if (free <= leave + kGranule) break;
+      size_t want = free - leave;
+      void* p = nullptr;
+      while (want >= kGranule && cudaMalloc(&p, want) != cudaSuccess) {
+        (void)cudaGetLastError();  // an allocation that failed is not a sticky error
+        want /= 2;
+      }
+      if (want < kGranule) break;
+      blocks_.push_back(p);
+    }
+  }
+  ~GpuMemoryHog() {
+    for (void* p : blocks_) cudaFree(p);
+  }
+  GpuMemoryHog(const GpuMemoryHog&) = delete;
+  GpuMemoryHog& operator=(const GpuMemoryHog&) = delete;
+
+ private:
+  std::vector<void*> blocks_;
+};
+
+// Options whose split workspace cannot be allocated (the GPU's memory taken) are refused by
+// name and leave the layer as it was: no split, the previous output bit for bit. With the
+// memory back the same options are taken. H = F = 2048 (32 k-tiles, two pieces), 8 experts,
+// EP 2, T_max 768: 4 x 3 M tiles per rank, GEMM0 192 cooperative tiles (1.45 waves) and GEMM1
+// 96 (one wave 73% full), so neither splits by default and split_gemms = true splits at least
+// one.
+TEST(MoeLayer, OptionsWhoseSplitWorkspaceCannotBeAllocatedLeaveTheLayerAsItWas) {
+  COMET_REQUIRE_GPU();
+  const LayerConfig c = split_test_config(768);
+  LayerRig rig(c, {768, 500}, RoutingSpec{}, 31);
+  ASSERT_FALSE(rig.layer.split_gemms(0) || rig.layer.split_gemms(1)) << "a split by default at these sizes";
+  LayerOptions unfused;
+  unfused.path = ForwardPath::kUnfused;
+  const auto want = rig.forward(unfused);
+  LayerOptions split = unfused;
+  split.split_gemms = true;
+  {
+    GpuMemoryHog hog(size_t(4) << 20);
+    EXPECT_TRUE(test::throws_with<Error>([&] { rig.layer.set_options(split); }, {"could not allocate the split GEMMs'"}));
+  }
+  EXPECT_FALSE(rig.layer.split_gemms(0) || rig.layer.split_gemms(1)) << "the refused options were kept";
+  rig.device.poison_y();
+  rig.layer.forward(rig.device.tensors(), nullptr);  // the options from before the refused change
+  rig.layer.check(nullptr);
+  EXPECT_EQ(rig.device.download_y(), want);
+  rig.layer.set_options(split);
+  EXPECT_TRUE(rig.layer.split_gemms(0) || rig.layer.split_gemms(1)) << "split_gemms = true split neither GEMM";
+  std::vector<std::vector<double>> want_values;
+  for (const auto& rank : want) want_values.emplace_back(rank.begin(), rank.end());
+  EXPECT_TRUE(testing::near_oracle(rig.forward(split), want_values, c.model.hidden)) << "split against unsplit";
 }
 
 // set_rank_weights from checkpoint-layout bf16 weights (rank 0's from host memory, the others'
