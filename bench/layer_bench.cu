@@ -248,7 +248,7 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
               std::to_string(row.layer0_stages) + "-u" + unfused_gemms_name(row.unfused_gemms) +
               "-c" + layer0_copies_name(row.layer0.copies) +
               "-o" + dispatch_order_name(row.layer0.order) + "-e" + on_off(row.epilogue_combine) + "-l" +
-              layer1_combine_name(row.layer1_combine);
+              layer1_combine_name(row.layer1_combine) + "-k" + (row.split_gemms == "-" ? "none" : row.split_gemms);
   }
   if (per_process) suffix += io::trace_rank_suffix(row.rank);
   row.trace_path = io::trace_path_with_suffix(o.trace_path, suffix);

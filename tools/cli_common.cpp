@@ -49,6 +49,9 @@ std::vector<int> parse_tokens(const std::string& text) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
+    // Spaces around an entry are dropped ("64, 32"), as for the integer options.
+    const size_t begin = item.find_first_not_of(" \t"), end = item.find_last_not_of(" \t");
+    item = begin == std::string::npos ? std::string() : item.substr(begin, end - begin + 1);
     size_t used = 0;
     long long v = -1;
     try {
@@ -131,7 +134,8 @@ CLI::Validator non_negative_integer() {
 void read_integers_as_decimal(CLI::App& app) {
   const CLI::Validator decimal(
       [](std::string& input) {
-        // Spaces around a value are dropped ("--n-comm0 '32, 64'"), as the --tokens parser does.
+        // Spaces around a value are dropped ("--n-comm0 '32, 64'"), as the --tokens parser does
+        // around each entry.
         const size_t begin = input.find_first_not_of(" \t"), end = input.find_last_not_of(" \t");
         input = begin == std::string::npos ? std::string() : input.substr(begin, end - begin + 1);
         // CLI11 reads an empty value as 0 ("--ep ''" was refused as "at least 1, not 0").
@@ -151,9 +155,17 @@ void read_integers_as_decimal(CLI::App& app) {
         return std::string();
       },
       "");
+  // CLI11 reads an empty value of a number option as 0 ("--mask-fraction ''" ran unmasked).
+  const CLI::Validator not_empty(
+      [](std::string& input) {
+        return input.find_first_not_of(" \t") == std::string::npos ? std::string("an empty value is not a number")
+                                                                  : std::string();
+      },
+      "");
   for (CLI::Option* option : app.get_options()) {
     const std::string type = option->get_type_name();
     if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) option->transform(decimal);
+    else if (type.rfind("FLOAT", 0) == 0) option->transform(not_empty);
   }
   for (CLI::App* sub : app.get_subcommands({})) read_integers_as_decimal(*sub);
 }
@@ -237,9 +249,14 @@ void check_output_path(const std::string& path, const std::string& option) {
       throw UsageError(option + ": " + what + "\"" + p.string() + "\": " + error.message());
     return status;
   };
-  // A directory cannot be opened as a file: refused now rather than when the run writes.
-  if (std::filesystem::is_directory(look_up(path, "")))
+  // A directory cannot be opened as a file: refused now rather than when the run writes. A FIFO
+  // would hold the write (and the command) until something reads it, a socket cannot be opened.
+  const std::filesystem::file_status status = look_up(path, "");
+  if (std::filesystem::is_directory(status))
     throw UsageError(option + ": \"" + path + "\" is a directory, not a file");
+  if (std::filesystem::is_fifo(status) || std::filesystem::is_socket(status))
+    throw UsageError(option + ": \"" + path + "\" is a " + (std::filesystem::is_fifo(status) ? "FIFO" : "socket") +
+                     ", not a file");
   const auto dir = std::filesystem::path(path).parent_path();
   if (!dir.empty() && !std::filesystem::is_directory(look_up(dir, "directory ")))
     throw UsageError(option + ": directory \"" + dir.string() + "\" does not exist");
@@ -457,6 +474,11 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
                      " tokens per rank x topk " + std::to_string(m.topk) + " = " + std::to_string(slots) +
                      " routing slots, more than the " + std::to_string(kMaxRoutingSlots) +
                      " this tool plans for (fewer --tokens, ranks or --topk)");
+  const int64_t expert_rows = slots * o.tp;
+  if (expert_rows > kMaxExpertRows)
+    throw UsageError(std::to_string(slots) + " routing slots x TP " + std::to_string(o.tp) + " = " +
+                     std::to_string(expert_rows) + " expert rows (every TP rank of an expert holds each of its rows), more than the " +
+                     std::to_string(kMaxExpertRows) + " this tool plans for (fewer --tokens, ranks or --topk, or a smaller --tp)");
   // The slot cap does not see E, which the routing and the plan's counts scale with.
   const int64_t routing_work = slots * m.num_experts;
   if (routing_work > kMaxRoutingWork)

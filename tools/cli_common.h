@@ -33,6 +33,11 @@ inline constexpr int kMaxRanks = kMaxWorldSize;  // LayerConfig::validate()'s bo
 // this cap a plan takes about 1 GB at TP 1 (each slot is a row on every TP rank of its expert,
 // so TP multiplies the rows); the documented workloads have at most 2^18 slots.
 inline constexpr int64_t kMaxRoutingSlots = int64_t(1) << 24;
+// Expert rows of a workload, routing slots x TP: the rows the plan holds. At the slot cap with
+// TP 1 the plan took 1.3 GB, with EP 8 x TP 8 3.7 GB, with TP 64 about 20 GB (deepseek-v3, EP 1 x
+// TP 64 at 32768 tokens per rank, which the slot cap alone let through); this cap allows TP 4 at
+// the slot cap.
+inline constexpr int64_t kMaxExpertRows = int64_t(1) << 26;
 // Routing slots x E: generating the routing walks the E expert loads for every slot
 // (core/routing.cpp), which the slot cap alone left at up to 2^40 steps (--experts 65536 --topk
 // 64 --ep 64). At this cap every preset still runs at the slot cap (deepseek-v3: 2^24 x 256),

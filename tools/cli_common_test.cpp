@@ -3,6 +3,7 @@
 // --trace, --save and tune --out; the workload caps; tuning tables named by an option.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -127,6 +128,9 @@ TEST(CliCommon, OutputPathLookUpErrorsNameTheOptionAndThePath) {
   fs::create_symlink(dir / "a", dir / "b");
   EXPECT_EQ(output_refusal(dir / "a"), "--save: \"" + (dir / "a") + "\": " + errno_text(ELOOP));
   EXPECT_EQ(output_refusal(dir / "a/t.json", "--out"), "--out: \"" + (dir / "a/t.json") + "\": " + errno_text(ELOOP));
+  // A FIFO would hold the write until something read it.
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  EXPECT_EQ(output_refusal(dir / "fifo", "--trace"), "--trace: \"" + (dir / "fifo") + "\" is a FIFO, not a file");
   // Not found is still no error: the file is to be written, in a directory that exists.
   EXPECT_EQ(output_refusal(dir / "new.json"), "");
   EXPECT_NE(output_refusal(dir / "missing/new.json").find("does not exist"), std::string::npos);
@@ -142,20 +146,26 @@ TEST(CliCommon, WorkloadCapsCountTheExperts) {
   EXPECT_EQ(workload_refusal("--hidden 64 --ffn 64 --experts 65536 --topk 1 --ep 1 --tp 64 --tokens 1"),
             "W 64 x W 64 x E/EP 65536 = 268435456 (plan counts, one per src rank, dst rank and local expert), more "
             "than the 4194304 this tool plans for (fewer --experts or ranks, or a larger --ep)");
+  // Each slot is a row on every TP rank of its expert: at the slot cap, TP 64 asked for about 20 GB.
+  EXPECT_EQ(workload_refusal("--model deepseek-v3 --ep 1 --tp 64 --tokens 32768"),
+            "16777216 routing slots x TP 64 = 1073741824 expert rows (every TP rank of an expert holds each of its "
+            "rows), more than the 67108864 this tool plans for (fewer --tokens, ranks or --topk, or a smaller --tp)");
+  EXPECT_EQ(workload_refusal("--model deepseek-v3 --ep 16 --tp 4 --tokens 32768"), "");
   // At the caps themselves: accepted.
   EXPECT_EQ(workload_refusal("--hidden 64 --ffn 64 --experts 65536 --topk 1 --ep 1 --tokens 65536"), "");
   EXPECT_EQ(workload_refusal("--hidden 64 --ffn 64 --experts 1024 --topk 1 --ep 1 --tp 64 --tokens 1"), "");
 }
 
-// Every preset at every layout of up to 64 ranks, with as many tokens per rank as the slot cap
-// allows (at most 65536), passes the caps on E: they refuse only custom shapes.
+// Every preset at every layout of up to 64 ranks, with as many tokens per rank as the slot and
+// expert-row caps allow (at most 65536), passes the caps on E: they refuse only custom shapes.
 TEST(CliCommon, EveryPresetAtTheSlotCapPassesTheCapsOnExperts) {
   int layouts = 0;
   for (const ModelShape& m : ModelPresets::all())
     for (int ep = 1; ep <= kMaxRanks; ++ep)
       for (int tp = 1; ep * tp <= kMaxRanks; ++tp) {
         if (m.num_experts % ep != 0 || m.ffn % tp != 0) continue;
-        const int64_t tokens = std::min<int64_t>(kMaxTokensPerRank, kMaxRoutingSlots / (int64_t(ep) * tp * m.topk));
+        const int64_t per_token = int64_t(ep) * tp * m.topk;
+        const int64_t tokens = std::min({int64_t(kMaxTokensPerRank), kMaxRoutingSlots / per_token, kMaxExpertRows / (per_token * tp)});
         const std::string args = "--model " + m.name + " --ep " + std::to_string(ep) + " --tp " + std::to_string(tp) +
                                  " --tokens " + std::to_string(tokens);
         EXPECT_EQ(workload_refusal(args), "") << args;

@@ -4,13 +4,16 @@
 # JSON_PASS=ON: stdout must be one JSON object whose verify.pass is true.
 # <0xff> in ARGS stands for the byte 0xFF (a path that is not UTF-8), which CMakeLists.txt
 # cannot spell portably. EMPTY_LAST_ARG=ON appends one empty argument (`--out ""`), which ARGS
-# cannot carry.
+# cannot carry. STDOUT_FILE: stdout goes to this file (e.g. /dev/full) instead of being matched.
 # A non-zero exit must print exactly one line, `comet: error: <reason>`, on stderr: scripts
 # that wrap the CLI show that line to users, so a stack of lines or a bare abort is a bug.
 string(ASCII 255 byte_ff)
 string(REPLACE "<0xff>" "${byte_ff}" ARGS "${ARGS}")
 separate_arguments(args UNIX_COMMAND "${ARGS}")
-if(EMPTY_LAST_ARG)
+if(DEFINED STDOUT_FILE)
+  execute_process(COMMAND "${EXE}" ${args}
+                  RESULT_VARIABLE code OUTPUT_FILE "${STDOUT_FILE}" ERROR_VARIABLE err)
+elseif(EMPTY_LAST_ARG)
   execute_process(COMMAND "${EXE}" ${args} ""
                   RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
 else()

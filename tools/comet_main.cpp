@@ -110,12 +110,22 @@ int main(int argc, char** argv) {
     return fail(kExitUsage, (unknown.empty() ? parse_error_message(app, e.what()) : unknown) + " (see comet --help)");
   }
 
+  // What a command printed must reach its standard output (`comet run --json > run.json` on a
+  // full disk exited 0 with a truncated file): a failed write is a failed command.
+  const auto flushed = [](int code) {
+    std::cout.flush();
+    if (!std::cout) {
+      const int failed = fail(kExitRuntime, "could not write the standard output");
+      return code != 0 ? code : failed;
+    }
+    return code;
+  };
   try {
-    if (run_cmd->parsed()) return run_command(run_options);
-    if (plan_cmd->parsed()) return plan_command(plan_options);
-    if (bench_gemm_cmd->parsed()) return bench_gemm_command(bench_options);
-    if (bench_layer_cmd->parsed()) return bench_layer_command(bench_layer_options);
-    if (tune_cmd->parsed()) return tune_command(tune_options);
+    if (run_cmd->parsed()) return flushed(run_command(run_options));
+    if (plan_cmd->parsed()) return flushed(plan_command(plan_options));
+    if (bench_gemm_cmd->parsed()) return flushed(bench_gemm_command(bench_options));
+    if (bench_layer_cmd->parsed()) return flushed(bench_layer_command(bench_layer_options));
+    if (tune_cmd->parsed()) return flushed(tune_command(tune_options));
     if (launch_cmd->parsed()) {
       set_launch_command(launch_options, *launch_cmd, argc, argv, parse_end);
       return launch_command(launch_options);
