@@ -82,7 +82,7 @@ struct NCommChoice {
 int analytic_n_comm(double flop, double bytes, int num_sms, double tflops, double link_gbps, double per_block_gbps);
 
 // Per-rank n_comm for a workload: table entry if one is near, else the cost model on `gpu`:
-// layer0 max(32, analytic_n_comm), layer1 2 (floors measured on the H200, src/core/tuning.cpp).
+// layer0 max(min(32, SMs / 2), analytic_n_comm), layer1 min(2, SMs / 2) (floors measured on the H200, src/core/tuning.cpp).
 NCommChoice choose_n_comm(const TuningTable* table, const TuningKey& key, const LayerConfig& config,
                           const LayerCost& cost, const GpuSpec& gpu);
 
@@ -112,8 +112,9 @@ struct Layer1CombineChoice {
 Layer1CombineChoice choose_layer1_combine(const TuningTable* table, const TuningKey& key);
 
 // `comet tune`: every (workload, candidate) measured once. The table keeps each
-// workload's fastest pair; best_fixed is the single pair whose summed latency over all
-// workloads is lowest (the comparison docs/results/ reports), among pairs measured everywhere.
+// workload's fastest candidate; the fixed_* fields name the single candidate (n_comm pair,
+// layer0 mode, layer1 combine) whose summed latency over all workloads is lowest (the comparison
+// docs/results/ reports), among candidates measured everywhere.
 // An entry's unfused_us is the unfused time measured in its winning pair's own row (timed in the
 // same interleaved loop as that fused time, so the two are a paired comparison).
 struct TuneSample {
