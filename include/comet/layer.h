@@ -198,9 +198,11 @@ class MoeLayer {
   // device: for real models, whose full fp32 weights would not fit in one process's memory.
   // forward() needs every local rank's weights, from either call.
   void set_rank_weights(int rank, const RankExpertWeights& weights);
-  // From the next forward on. Throws comet::Error for invalid values.
+  // From the next forward on. Throws comet::Error for invalid values, and where the choices
+  // need device memory that cannot be allocated (the split GEMMs' workspace); a call that
+  // throws leaves the options, the table and the layer's choices as they were.
   void set_options(const LayerOptions& options);
-  // Entries measured by `comet tune`; replaces any previous table.
+  // Entries measured by `comet tune`; replaces any previous table (as set_options on failure).
   void set_tuning_table(const TuningTable& table);
   // The n_comm the fused kernels use, and where they come from ("options", "tuning table: ...",
   // "cost model: ..."). Tokens per rank are taken as T_max: the host never reads the live count.
