@@ -170,6 +170,37 @@ void read_integers_as_decimal(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) read_integers_as_decimal(*sub);
 }
 
+namespace {
+void comma_list_options(const CLI::App& app, std::vector<std::string>& names) {
+  for (const CLI::Option* option : app.get_options())
+    if (option->get_delimiter() == ',')
+      for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+  for (const CLI::App* sub : app.get_subcommands({})) comma_list_options(*sub, names);
+}
+}  // namespace
+
+void refuse_empty_list_items(const CLI::App& app, int argc, const char* const* argv) {
+  std::vector<std::string> names;
+  comma_list_options(app, names);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    if (std::find(names.begin(), names.end(), name) == names.end()) continue;
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      continue;  // no value: CLI11 names that
+    }
+    if (value.empty()) continue;  // the option's own check refuses an empty value
+    if (value.front() == ',' || value.back() == ',' || value.find(",,") != std::string::npos)
+      throw UsageError(name + ": \"" + value + "\" has an empty item (a comma list, one value between commas)");
+  }
+}
+
 void add_fabric_option(CLI::App& app, std::string& fabric) {
   app.add_option("--fabric", fabric,
                  "loopback (W virtual ranks on one GPU), local (the ranks over the visible GPUs) or nccl (one "

@@ -117,6 +117,10 @@ CLI::Validator file_path();
 // decimal ("010" is 10, as --tokens reads it) and a 0x, 0b or 0o prefix is refused by name, as
 // is an empty value (CLI11 reads it as 0).
 void read_integers_as_decimal(CLI::App& app);
+// Throws UsageError naming the option where a comma list value of `app` (an option with
+// delimiter ',', in any subcommand) has an empty item ("--tokens 1,,2", "--models a,"): CLI11
+// drops empty items before any check sees them. argv[1..argc) as the command line has them.
+void refuse_empty_list_items(const CLI::App& app, int argc, const char* const* argv);
 
 // --fabric loopback|local|nccl for the GPU commands that measure (bench layer, tune); with nccl,
 // one process per rank under `comet launch`, and rank 0 speaks for the run.

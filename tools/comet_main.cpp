@@ -103,6 +103,11 @@ int main(int argc, char** argv) {
 
   const int parse_end = launch_parse_end(argc, argv);
   try {
+    refuse_empty_list_items(app, parse_end, argv);
+  } catch (const UsageError& e) {
+    return fail(kExitUsage, e.what());
+  }
+  try {
     app.parse(parse_end, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
