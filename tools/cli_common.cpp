@@ -34,6 +34,12 @@ namespace {
 constexpr const char* kActivations[] = {"swiglu", "gelu", "relu", "silu"};
 constexpr const char* kDTypes[] = {"bf16", "f16", "f32"};
 
+// `text` without the spaces and tabs around it ("" when it has nothing else).
+std::string trim_blanks(const std::string& text) {
+  const size_t begin = text.find_first_not_of(" \t"), end = text.find_last_not_of(" \t");
+  return begin == std::string::npos ? std::string() : text.substr(begin, end - begin + 1);
+}
+
 std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -49,9 +55,7 @@ std::vector<int> parse_tokens(const std::string& text) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    // Spaces around an entry are dropped ("64, 32"), as for the integer options.
-    const size_t begin = item.find_first_not_of(" \t"), end = item.find_last_not_of(" \t");
-    item = begin == std::string::npos ? std::string() : item.substr(begin, end - begin + 1);
+    item = trim_blanks(item);  // "64, 32", as for the integer options
     size_t used = 0;
     long long v = -1;
     try {
@@ -136,8 +140,7 @@ void read_integers_as_decimal(CLI::App& app) {
       [](std::string& input) {
         // Spaces around a value are dropped ("--n-comm0 '32, 64'"), as the --tokens parser does
         // around each entry.
-        const size_t begin = input.find_first_not_of(" \t"), end = input.find_last_not_of(" \t");
-        input = begin == std::string::npos ? std::string() : input.substr(begin, end - begin + 1);
+        input = trim_blanks(input);
         // CLI11 reads an empty value as 0 ("--ep ''" was refused as "at least 1, not 0").
         if (input.empty()) return std::string("an empty value is not a decimal integer");
         // Leading zeros after an optional sign are dropped ("-007" -> "-7", "000" -> "0").
@@ -158,8 +161,7 @@ void read_integers_as_decimal(CLI::App& app) {
   // CLI11 reads an empty value of a number option as 0 ("--mask-fraction ''" ran unmasked).
   const CLI::Validator not_empty(
       [](std::string& input) {
-        return input.find_first_not_of(" \t") == std::string::npos ? std::string("an empty value is not a number")
-                                                                  : std::string();
+        return trim_blanks(input).empty() ? std::string("an empty value is not a number") : std::string();
       },
       "");
   for (CLI::Option* option : app.get_options()) {
