@@ -209,6 +209,7 @@ void print_text(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
              worst_row.c_str(), r.comparison.max_abs, r.pass ? "PASS" : "FAIL",
              static_cast<long long>(r.comparison.elements));
   if (r.comparison.non_finite) os << strf(", %lld NaN/Inf", static_cast<long long>(r.comparison.non_finite));
+  if (r.comparison.scaled_by_terms) os << "; errors relative to the terms' norm: the reference cancels below it";
   os << ")\n";
   const LayerCost& lc = r.full_cost;
   os << strf("lower bound, full size on %s (%s, tokens/rank %s, EP %d x TP %d): t_compute %.1f "
@@ -269,6 +270,7 @@ void print_json(const RunOptions& o, const RunResult& r, const DispatchPlan& pla
                  {"worst_row_bound", ref::kRowErrorPerTolerance * r.tolerance},
                  {"non_finite", r.comparison.non_finite},
                  {"elements", r.comparison.elements},
+                 {"scaled_by_terms", r.comparison.scaled_by_terms},
                  {"tolerance", r.tolerance},
                  {"pass", r.pass}};
   const LayerCost& lc = r.full_cost;
@@ -561,10 +563,16 @@ int run_command(const RunOptions& o) {
     }
   }
   t0 = std::chrono::steady_clock::now();
-  r.want = ref::oracle_forward(problem);
+  std::vector<std::vector<double>> term_squares;  // the scale where the reference cancels (ref/oracle.h)
+  r.want = ref::oracle_forward(problem, &term_squares);
   r.oracle_us = elapsed_us(t0);
   // A process of a multi-process run verifies the ranks it drove.
+  COMET_CHECK(r.first_rank >= 0 && size_t(r.first_rank) + r.y.size() <= r.want.size(),
+              "the backend returned ranks " << r.first_rank << " to " << r.first_rank + int64_t(r.y.size()) - 1
+                                            << " of output, the oracle has " << r.want.size());
   r.want = std::vector<std::vector<double>>(r.want.begin() + r.first_rank, r.want.begin() + r.first_rank + r.y.size());
+  term_squares = std::vector<std::vector<double>>(term_squares.begin() + r.first_rank,
+                                                  term_squares.begin() + r.first_rank + r.y.size());
   COMET_CHECK(r.y.size() == r.want.size(), "the backend returned " << r.y.size()
                                                                    << " ranks of output, expected "
                                                                    << r.want.size());
@@ -572,7 +580,7 @@ int run_command(const RunOptions& o) {
     COMET_CHECK(r.y[rank].size() == r.want[rank].size(),
                 "rank " << rank << " output has " << r.y[rank].size() << " values, expected "
                         << r.want[rank].size());
-  r.comparison = ref::compare_outputs(r.y, r.want, r.config.model.hidden);
+  r.comparison = ref::compare_outputs(r.y, r.want, r.config.model.hidden, &term_squares);
   r.tolerance = ref::tolerance_for(r.config.dtype);
   r.pass = r.comparison.within(r.tolerance);
 

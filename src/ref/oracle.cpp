@@ -10,7 +10,7 @@
 
 namespace comet::ref {
 
-std::vector<std::vector<double>> oracle_forward(const MoeProblem& p) {
+std::vector<std::vector<double>> oracle_forward(const MoeProblem& p, std::vector<std::vector<double>>* term_squares) {
   const ModelShape& m = p.config.model;
   p.weights.check(m);
   const size_t H = m.hidden, F = m.ffn;
@@ -38,13 +38,16 @@ std::vector<std::vector<double>> oracle_forward(const MoeProblem& p) {
   }
   const bool gated = is_gated(m.activation);
   std::vector<std::vector<double>> y(p.x.size());
-  std::vector<double> inter(F), gate(F), up(F), down(H);
+  if (term_squares) term_squares->assign(p.x.size(), {});
+  std::vector<double> inter(F), gate(F), up(F), down(H), down_terms2(H);
   for (size_t r = 0; r < p.x.size(); ++r) {
     const Routing& rt = p.routing[r];
     y[r].assign(size_t(rt.num_tokens) * H, 0.0);
+    if (term_squares) (*term_squares)[r].assign(size_t(rt.num_tokens) * H, 0.0);
     for (int t = 0; t < rt.num_tokens; ++t) {
       const float* x = p.x[r].data() + size_t(t) * H;
       double* out = y[r].data() + size_t(t) * H;
+      double* out_terms2 = term_squares ? (*term_squares)[r].data() + size_t(t) * H : nullptr;
       for (int k = 0; k < rt.topk; ++k) {
         const int e = rt.expert(t, k);
         if (e < 0) continue;
@@ -66,26 +69,42 @@ std::vector<std::vector<double>> oracle_forward(const MoeProblem& p) {
         for (size_t f = 0; f < F; ++f)
           for (size_t h = 0; h < H; ++h) down[h] += inter[f] * wd[f * H + h];
         for (size_t h = 0; h < H; ++h) out[h] += w * down[h];
+        if (!out_terms2) continue;
+        std::fill(down_terms2.begin(), down_terms2.end(), 0.0);
+        for (size_t f = 0; f < F; ++f)
+          for (size_t h = 0; h < H; ++h) {
+            const double term = inter[f] * wd[f * H + h];
+            down_terms2[h] += term * term;
+          }
+        for (size_t h = 0; h < H; ++h) out_terms2[h] += w * w * down_terms2[h];
       }
     }
   }
   return y;
 }
 
-Comparison compare_outputs(const std::vector<std::vector<float>>& got,
-                           const std::vector<std::vector<double>>& want, int hidden) {
+Comparison compare_outputs(const std::vector<std::vector<float>>& got, const std::vector<std::vector<double>>& want,
+                           int hidden, const std::vector<std::vector<double>>* term_squares) {
   COMET_CHECK(got.size() == want.size(),
               "output has " << got.size() << " ranks, reference has " << want.size());
+  COMET_CHECK(!term_squares || term_squares->size() == want.size(),
+              "compare_outputs: the terms' squares have " << term_squares->size() << " ranks, the reference "
+                                                          << want.size());
   COMET_CHECK(hidden >= 1, "compare_outputs: hidden must be >= 1, got " << hidden);
   const size_t H = size_t(hidden);
   Comparison c;
-  double diff2 = 0, ref2 = 0, worst_row_diff2 = 0;
+  double diff2 = 0, ref2 = 0, terms2 = 0, worst_row_diff2 = 0;
   int64_t rows = 0;  // rows whose reference is not all zero (a token with every slot masked is)
   for (size_t r = 0; r < got.size(); ++r) {
     COMET_CHECK(got[r].size() == want[r].size(), "rank " << r << ": output has " << got[r].size()
                                                           << " values, reference has " << want[r].size());
     COMET_CHECK(got[r].size() % H == 0, "rank " << r << ": " << got[r].size()
                                                 << " values are not whole rows of hidden = " << hidden);
+    COMET_CHECK(!term_squares || (*term_squares)[r].size() == want[r].size(),
+                "rank " << r << ": the terms' squares have " << (*term_squares)[r].size() << " values, the reference "
+                        << want[r].size());
+    if (term_squares)
+      for (const double t2 : (*term_squares)[r]) terms2 += t2;
     for (size_t row = 0; row < got[r].size() / H; ++row) {
       double row_diff2 = 0, row_ref2 = 0;
       bool row_non_finite = false;
@@ -114,9 +133,13 @@ Comparison compare_outputs(const std::vector<std::vector<float>>& got,
       }
     }
   }
-  // An all-zero reference (no routed token anywhere) must be matched exactly.
-  c.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : (diff2 > 0 ? INFINITY : 0.0);
-  const double rms_row2 = rows > 0 ? ref2 / double(rows) : 0.0;
+  // The scale: the reference's squares, or the terms' where the reference cancelled below them.
+  // An all-zero reference (no routed token anywhere) has no terms either and must be matched
+  // exactly.
+  c.scaled_by_terms = terms2 > ref2;
+  const double scale2 = std::max(ref2, terms2);
+  c.rel_l2 = scale2 > 0 ? std::sqrt(diff2 / scale2) : (diff2 > 0 ? INFINITY : 0.0);
+  const double rms_row2 = rows > 0 ? scale2 / double(rows) : 0.0;
   c.worst_row_error = rms_row2 > 0 ? std::sqrt(worst_row_diff2 / rms_row2) : (worst_row_diff2 > 0 ? INFINITY : 0.0);
   return c;
 }
@@ -131,6 +154,7 @@ std::string Comparison::describe() const {
   os << std::scientific << "rel_l2 " << rel_l2 << ", max_abs " << max_abs << ", worst row " << worst_row_error;
   if (worst_row_rank >= 0) os << " (rank " << worst_row_rank << " token " << worst_row_token << ")";
   os << ", non-finite " << non_finite << " of " << elements;
+  if (scaled_by_terms) os << " (relative to the terms' norm: the reference cancels below it)";
   return os.str();
 }
 

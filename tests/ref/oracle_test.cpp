@@ -61,6 +61,27 @@ TEST(Oracle, HandComputedRelu) {
   EXPECT_DOUBLE_EQ(y[1][1], 0.0);
 }
 
+// The terms' squares of the hand problem: sum over slots k and f of (w_k I_f W1[f][h])^2.
+TEST(Oracle, TermSquaresOfTheHandProblem) {
+  const MoeProblem p = hand_problem();
+  std::vector<std::vector<double>> terms;
+  const auto y = oracle_forward(p, &terms);
+  EXPECT_EQ(y, oracle_forward(p));  // the same reference with or without them
+  ASSERT_EQ(terms.size(), 2u);
+  ASSERT_EQ(terms[0].size(), 4u);
+  ASSERT_EQ(terms[1].size(), 2u);
+  // token (0,0): 0.25^2 * ([2,0]^2) from expert 0 (I = [1,0]), 0.75^2 * ([1,-1]^2) from expert 1 (I = [0,1])
+  EXPECT_DOUBLE_EQ(terms[0][0], 0.0625 * 4 + 0.5625);
+  EXPECT_DOUBLE_EQ(terms[0][1], 0.5625);
+  // token (0,1): expert 0 twice, 0.5^2 * ([4,0]^2 + [0,2]^2) each: under y^2 = [16, 4] (the two
+  // slots add coherently)
+  EXPECT_DOUBLE_EQ(terms[0][2], 8.0);
+  EXPECT_DOUBLE_EQ(terms[0][3], 2.0);
+  // token (1,0): I = [3,3], terms [3,3] and [3,-3]: y[1][1] = 3 - 3 cancels to 0, its terms do not
+  EXPECT_DOUBLE_EQ(terms[1][0], 18.0);
+  EXPECT_DOUBLE_EQ(terms[1][1], 18.0);
+}
+
 // One expert of width 1 (H = F = 1) on one rank, fp32; token t has x = xs[t] and routing weight
 // ws[t]. The weights are set by the caller.
 MoeProblem width_one_problem(Activation act, const std::vector<float>& xs, const std::vector<float>& ws) {
@@ -290,6 +311,64 @@ TEST(Compare, MaskedTokensDoNotShrinkTheRowScale) {
   const Comparison zeroed = compare_outputs(got, want, kHidden);
   EXPECT_FALSE(zeroed.within(tolerance_for(DType::kBF16))) << zeroed.describe();
   EXPECT_EQ(zeroed.worst_row_token, 300);
+}
+
+// A reference that cancels below its terms' norm: measured against it, an error of rounding's
+// size (2e-3 of the terms' norm) read as twice the value and failed. Against the terms' norm it
+// passes, a value half the terms' norm off still fails, and terms under the reference change
+// nothing.
+TEST(Compare, ACancellingReferenceIsScaledByItsTerms) {
+  const std::vector<std::vector<double>> want = {{1e-3}};
+  const std::vector<std::vector<double>> terms = {{1.0}};
+  const std::vector<std::vector<float>> rounded = {{float(1e-3 + 2e-3)}};
+  const Comparison alone = compare_outputs(rounded, want, 1);
+  EXPECT_FALSE(alone.within(tolerance_for(DType::kBF16))) << alone.describe();
+  EXPECT_FALSE(alone.scaled_by_terms);
+  const Comparison scaled = compare_outputs(rounded, want, 1, &terms);
+  EXPECT_TRUE(scaled.within(tolerance_for(DType::kBF16))) << scaled.describe();
+  EXPECT_TRUE(scaled.scaled_by_terms);
+  EXPECT_NEAR(scaled.rel_l2, 2e-3, 1e-9);
+  EXPECT_NEAR(scaled.worst_row_error, 2e-3, 1e-9);
+  EXPECT_TRUE(test::contains(scaled.describe(), "relative to the terms' norm"));
+  const Comparison wrong = compare_outputs({{0.5f}}, want, 1, &terms);
+  EXPECT_FALSE(wrong.within(tolerance_for(DType::kBF16))) << wrong.describe();
+  // Terms whose squares sum below the reference's leave the comparison as it was.
+  const std::vector<std::vector<double>> small = {{0.5e-6}};
+  const Comparison unscaled = compare_outputs(rounded, want, 1, &small);
+  EXPECT_FALSE(unscaled.scaled_by_terms);
+  EXPECT_EQ(unscaled.rel_l2, alone.rel_l2);
+  EXPECT_EQ(unscaled.worst_row_error, alone.worst_row_error);
+}
+
+// With terms of the reference's expected size (random signs: E[y^2] = the terms' squares), a
+// zeroed row among many still fails and is named.
+TEST(Compare, AZeroedRowFailsWithTheTermsAsScale) {
+  constexpr int kHidden = 64, kTokens = 4096;
+  std::mt19937 rng(5);
+  std::normal_distribution<double> normal;
+  std::vector<std::vector<double>> want(1, std::vector<double>(size_t(kTokens) * kHidden));
+  for (double& v : want[0]) v = normal(rng);
+  const std::vector<std::vector<double>> terms(1, std::vector<double>(want[0].size(), 1.0));
+  std::vector<std::vector<float>> got(1);
+  for (double v : want[0]) got[0].push_back(round_to(DType::kBF16, float(v)));
+  const Comparison rounded = compare_outputs(got, want, kHidden, &terms);
+  EXPECT_TRUE(rounded.within(tolerance_for(DType::kBF16))) << rounded.describe();
+  std::fill_n(got[0].begin() + size_t(1234) * kHidden, kHidden, 0.0f);
+  const Comparison zeroed = compare_outputs(got, want, kHidden, &terms);
+  EXPECT_FALSE(zeroed.within(tolerance_for(DType::kBF16))) << zeroed.describe();
+  EXPECT_GT(zeroed.worst_row_error, 0.5);
+  EXPECT_EQ(zeroed.worst_row_token, 1234);
+}
+
+TEST(Compare, TermSquaresOfAnotherShapeAreRefused) {
+  const std::vector<std::vector<double>> want = {{1, 2}, {3, 4}};
+  const std::vector<std::vector<float>> got = {{1, 2}, {3, 4}};
+  const std::vector<std::vector<double>> one_rank = {{1, 2}};
+  const std::vector<std::vector<double>> short_rank = {{1, 2}, {3}};
+  EXPECT_TRUE(test::throws_with<Error>([&] { compare_outputs(got, want, 2, &one_rank); },
+                                       {"terms' squares have 1 ranks, the reference 2"}));
+  EXPECT_TRUE(test::throws_with<Error>([&] { compare_outputs(got, want, 2, &short_rank); },
+                                       {"rank 1: the terms' squares have 1 values, the reference 2"}));
 }
 
 TEST(Compare, RowsMustBeWholeAndAZeroReferenceMatchedExactly) {
