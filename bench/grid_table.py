@@ -7,7 +7,7 @@ VIEW picks the columns: `layer` (bench/layer_grid.sh: times, fused / compute-onl
 `paper` (bench/paper_grid.sh: one row per link, layout and size, sorted by link), `multi`
 (bench/multi_gpu_grid.sh). Reads every OUT_DIR/*.json; a file without JSON (a run that failed
 before printing) is named, and the exit code is then 1. `ok` is "NO" where fused differed from
-unfused or a baseline from Comet. `paper` and `multi` end with the means over the paper's
+unfused, a baseline from Comet, or the split GEMMs' output from the unsplit one beyond rounding. `paper` and `multi` end with the means over the paper's
 presets (per link or layout, and over all rows) next to the paper's own numbers.
 """
 import glob
@@ -46,7 +46,8 @@ COLUMNS = {
     "path": ("path", 8, lambda r: r.get("tuned_path", "-")),
     "tuned vs seq": ("path vs seq", 12, lambda r: speedup(r, "tuned_speedup_over_sequential")),
     "tuned vs chunk": ("path vs chunk", 14, lambda r: speedup(r, "tuned_speedup_over_chunked")),
-    "ok": ("ok", 3, lambda r: "yes" if r["fused_equals_unfused"] and r.get("baselines_match", True) else "NO"),
+    "ok": ("ok", 3, lambda r: "yes" if r["fused_equals_unfused"] and r.get("baselines_match", True)
+           and r.get("split_within_tolerance", True) else "NO"),
 }
 # The paper's single-layer grid (Comet, MLSys 2025): these presets, against its reported means
 # over 8 H800s (average speedup of one MoE layer over the baseline; hidden communication).

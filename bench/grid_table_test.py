@@ -80,6 +80,14 @@ def main():
     table = done.stdout.splitlines()
     assert table[0].split()[3] == "cb1", done.stdout
     assert table[1].split()[3] == "gemm" and table[2].split()[3] == "blocks", done.stdout
+    # A row whose split GEMMs left bf16 rounding of the unsplit output (bench exit 1) is not ok,
+    # and stays out of the means, like any failed check.
+    split_off = dict(rows[0], split_within_tolerance=False)
+    done = run_script("layer", [split_off, rows[1]])
+    table = done.stdout.splitlines()
+    assert table[1].split()[-1] == "NO" and table[2].split()[-1] == "yes", done.stdout
+    assert grid_table.summary([split_off], lambda r: "x") == [
+        "mean over the paper's presets: none (1 rows whose checks failed left out)"]
     print("grid_table: ok")
 
 

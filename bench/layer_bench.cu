@@ -56,19 +56,20 @@ struct Inputs {
   }
 };
 
+// The routing from `routing_seed`, the tokens' values from `x_seed`.
 std::unique_ptr<Inputs> make_inputs(const LayerConfig& c, const fabric::Fabric& f, int tokens, const RoutingSpec& spec,
-                                    uint64_t seed) {
+                                    uint64_t routing_seed, uint64_t x_seed) {
   auto in = std::make_unique<Inputs>();
   const int H = c.model.hidden, K = c.model.topk, Tm = c.max_tokens_per_rank;
   fabric::detail::DeviceGuard guard;  // the caller's device again on return, or on a throw
   for (int r = 0; r < c.layout.world; ++r) {
-    const Routing rt = generate_routing(spec, tokens, c.model.routed_experts(), K, seed, r);
+    const Routing rt = generate_routing(spec, tokens, c.model.routed_experts(), K, routing_seed, r);
     in->routing.push_back(rt);
     if (!f.is_local(r)) continue;
     COMET_CUDA_CHECK(cudaSetDevice(f.device_of(r)));
     RankTensors t;
     void* x = in->alloc(size_t(Tm) * H * 2);
-    cuda::fill_uniform_bf16(x, size_t(Tm) * H, seed * 1000 + r, 1.f);
+    cuda::fill_uniform_bf16(x, size_t(Tm) * H, x_seed * 1000 + r, 1.f);
     auto* ids = static_cast<int32_t*>(in->alloc(size_t(Tm) * K * 4));
     auto* w = static_cast<float*>(in->alloc(size_t(Tm) * K * 4));
     auto* count = static_cast<int32_t*>(in->alloc(4));
@@ -304,11 +305,15 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
     tuned.link = o.link;
     layer.set_options(tuned);
     const PathChoice tuned_path = layer.path();
-    const std::unique_ptr<Inputs> in = make_inputs(c, *fabric, tokens, w.routing, o.seed);
-    // The timed forwards alternate between `in` and a second input set (same generator, next
-    // seed): no iteration finds its inputs left in L2 by the previous one. Every check uses `in`.
-    const std::unique_ptr<Inputs> alt = make_inputs(c, *fabric, tokens, w.routing, o.seed + 1);
+    const std::unique_ptr<Inputs> in = make_inputs(c, *fabric, tokens, w.routing, o.seed, o.seed);
+    // The timed forwards alternate between `in` and a second input set in other memory: the
+    // same routing (so both time one workload, the one the bytes and the bound describe), the
+    // tokens' values of the next seed. Consecutive forwards, of any variant, take the two in
+    // turn (one counter for all), so no forward finds its inputs left in L2 by the one before.
+    // Every check uses `in`.
+    const std::unique_ptr<Inputs> alt = make_inputs(c, *fabric, tokens, w.routing, o.seed, o.seed + 1);
     const std::vector<const Inputs*> rotation{in.get(), alt.get()};
+    size_t forwards = 0;  // timed forwards of the workload so far, every variant's
     // Bytes between ranks and the lower bound, from the same routing on the host.
     const DispatchPlan plan(c, in->routing);
     const double remote_bytes = total_link_bytes(c, plan);
@@ -421,34 +426,38 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
 
           std::vector<Variant> variants = {
               {"fused",
-               [&, turn = size_t(0)](cudaStream_t st) mutable {
+               [&](cudaStream_t st) {
                  layer.set_options(fused);
-                 layer.forward(rotation[turn++ % rotation.size()]->tensors, st);
+                 layer.forward(rotation[forwards++ % rotation.size()]->tensors, st);
                }},
               {"unfused",
-               [&, turn = size_t(0)](cudaStream_t st) mutable {
+               [&](cudaStream_t st) {
                  layer.set_options(unfused_row);
-                 layer.forward(rotation[turn++ % rotation.size()]->tensors, st);
+                 layer.forward(rotation[forwards++ % rotation.size()]->tensors, st);
                }},
               {"compute-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kGemms, st); }},
               {"comm-only", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kCommunication, st); }},
-              {"plan", [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kPlan, st); }},
-              {"fused-gemms",  // the fused kernels of this row's options (n_comm, who copies)
+              // The plan of the fused forward (its tile order: --group-m0, --stages0), which
+              // the fused GEMMs below then run on; compute-only and comm-only follow the
+              // unfused forward, so they run on its plan.
+              {"plan",
                [&](cudaStream_t st) {
                  layer.set_options(fused);
-                 layer.run_part(MoeLayer::Part::kFusedGemms, st);
+                 layer.run_part(MoeLayer::Part::kPlan, st);
                }},
+              {"fused-gemms",  // the fused kernels of this row's options (n_comm, who copies)
+               [&](cudaStream_t st) { layer.run_part(MoeLayer::Part::kFusedGemms, st); }},
           };
           const size_t first_baseline = variants.size();
           if (base.layer) {
-            variants.push_back({"sequential", [&, turn = size_t(0)](cudaStream_t st) mutable {
+            variants.push_back({"sequential", [&](cudaStream_t st) {
                                   base.layer->set_options(with_link(sequential_baseline(base.gemm), o.link));
-                                  base.layer->forward(rotation[turn++ % rotation.size()]->tensors, st);
+                                  base.layer->forward(rotation[forwards++ % rotation.size()]->tensors, st);
                                 }});
             for (int chunks : o.chunks)
-              variants.push_back({"chunked", [&, chunks, turn = size_t(0)](cudaStream_t st) mutable {
+              variants.push_back({"chunked", [&, chunks](cudaStream_t st) {
                                     base.layer->set_options(with_link(chunked_baseline(chunks, base.gemm), o.link));
-                                    base.layer->forward(rotation[turn++ % rotation.size()]->tensors, st);
+                                    base.layer->forward(rotation[forwards++ % rotation.size()]->tensors, st);
                                   }});
           }
           const std::vector<double> us = time_variants(o, variants, stream, o.iters, o.warmup_ms, align);
@@ -470,7 +479,9 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
           row.ranks_per_gpu = c.layout.world / fabric->gpus();
           if (!o.trace_path.empty()) trace_row(layer, fused, *in, c, o, total > 1, want, row, stream);
           // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
-          row.flop = double(c.layout.world) * tokens * c.model.topk * double(c.model.flops_per_row());
+          // The rows the plan holds (masked slots have none; each of an expert's TP ranks holds
+          // a row of F/TP), as the cost model counts them: over every rank of the layer.
+          row.flop = double(plan.total_rows()) * double(c.model.flops_per_row()) / c.layout.tp;
           row.link = o.link;
           row.remote_bytes = remote_bytes;
           row.lower_bound_us = row.ranks_per_gpu > 1 ? cost.serial_lower_bound_us * row.ranks_per_gpu / c.layout.world

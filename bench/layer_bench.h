@@ -8,7 +8,8 @@
 // MoeLayer's weights and the same inputs: sequential (Megatron-style) and chunk-pipelined
 // (FasterMoE/Tutel-style, the fastest of `chunks`), each verified against the unfused output
 // first; the cuBLAS variant (per-expert loop or grouped) is the faster of a short timing.
-// Timed forwards alternate between two input sets (the checks use the first).
+// Consecutive timed forwards take two input sets in turn (the same routing, other tokens; the
+// checks use the first).
 // With `link` on, every inter-rank copy of Comet and the baselines is paced to that emulated
 // link (docs/link_emulation.md), so the ratios approximate a node of real GPUs.
 #pragma once

@@ -9,7 +9,7 @@
 # One process per preset, so that one workload's memory cannot affect the next. Keeps each
 # `comet bench layer --json` output in OUT_DIR; the table is bench/grid_table.py's. Environment: ITERS (20), WARMUP_MS (100), CHUNKS
 # (2,4), TUNING (a tuning table for n_comm 0), EXTRA (more `bench layer` options). Exit code: the
-# last failing bench's, else 0.
+# last failing bench's, else the table's (1: a file without JSON), else 0.
 set -euo pipefail
 comet=${1:?usage: bench/layer_grid.sh COMET OUT_DIR [PRESET ...]}
 out=${2:?usage: bench/layer_grid.sh COMET OUT_DIR [PRESET ...]}
@@ -26,5 +26,9 @@ for m in "${models[@]}"; do
     --warmup-ms "${WARMUP_MS:-100}" --chunks "${CHUNKS:-2,4}" ${TUNING:+--tuning "$TUNING"} ${EXTRA:-} \
     --json >"$out/$m.json" || status=$?
 done
-python3 "$(dirname "$0")/grid_table.py" layer "$out" || status=$?
+# A bench's failure (1: a check failed, 3: it stopped) is the exit code; the table's own
+# failure (a file without JSON) only when every bench succeeded.
+table=0
+python3 "$(dirname "$0")/grid_table.py" layer "$out" || table=$?
+if [ "$status" -eq 0 ]; then status=$table; fi
 exit $status

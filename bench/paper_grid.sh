@@ -8,7 +8,8 @@
 #   ITERS=10 CHUNKS=4 bench/paper_grid.sh build/tools/comet /tmp/grid 450,2
 #
 # Keeps each `comet bench layer --json` output in OUT_DIR and prints one short table
-# (bench/grid_table.py). Exit code: the last failing bench's (1: a verification failed), else 0.
+# (bench/grid_table.py). Exit code: the last failing bench's (1: a verification failed), else the
+# table's (1: a file without JSON), else 0.
 set -euo pipefail
 comet=${1:?usage: bench/paper_grid.sh COMET OUT_DIR [GBPS,LATENCY_US ...]}
 out=${2:?usage: bench/paper_grid.sh COMET OUT_DIR [GBPS,LATENCY_US ...]}
@@ -26,5 +27,9 @@ for link in "${links[@]}"; do
       --chunks "${CHUNKS:-2,4}" --json >"$out/link-${link/,/-}us-ep${ep}tp${tp}.json" || status=$?
   done
 done
-python3 "$(dirname "$0")/grid_table.py" paper "$out" || status=$?
+# A bench's failure (1: a check failed, 3: it stopped) is the exit code; the table's own
+# failure (a file without JSON) only when every bench succeeded.
+table=0
+python3 "$(dirname "$0")/grid_table.py" paper "$out" || table=$?
+if [ "$status" -eq 0 ]; then status=$table; fi
 exit $status

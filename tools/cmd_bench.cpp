@@ -62,7 +62,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
                 "stages of the fused layer0 tile order, comma separated list swept (0: default; docs/gpu_layer.md)")
       ->delimiter(',')->check(CLI::Range(0, 64));
   l->add_option("--iters", lo.iters, "timed iterations per variant (median reported)")->check(CLI::Range(1, 100000));
-  l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload")->check(number_range(0, 60000));
+  l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload (loopback and local; nccl warms up for a fixed number of rounds)")->check(number_range(0, 60000));
   l->add_option("--seed", lo.seed, "weights, tokens and routing seed")->check(non_negative_integer());
   l->add_option("--tuning", lo.tuning_file, "tuning table (comet tune) that n_comm 0 looks up")->check(CLI::ExistingFile);
   l->add_option("--chunks", lo.chunks, "chunk counts of the chunked baseline, comma separated (the fastest is reported)")
