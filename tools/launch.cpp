@@ -44,6 +44,7 @@
 #include <set>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 extern char** environ;
 
@@ -66,15 +67,43 @@ constexpr int kMaxDrainReads = 256;
 
 // ---- output: a slow reader must not stop the supervision -----------------------------------
 // While the run goes on, output waits for whoever reads our stdout and stderr; once the run's
-// deadline has passed or the run is being stopped (a signal, a failed rank), it waits no
-// more: what the reader does not take at once is dropped, so that the timeout and the stop
-// still happen when the reader is stuck (a paused pager, a full log pipe).
-volatile sig_atomic_t g_stop_signals = 0;  // stop signals received so far (see on_signal)
-bool g_output_impatient = false;           // set when the run starts stopping
+// deadline has passed, the run is being stopped (a signal), or a rank has failed (its exit may
+// not have been handled yet: the loop that would handle it can be the one waiting here), it
+// waits no more: what the reader does not take at once is dropped, so that the timeout and the
+// stop still happen when the reader is stuck (a paused pager, a full log pipe).
+volatile sig_atomic_t g_stop_signals = 0;   // stop signals received so far (see on_signal)
+volatile sig_atomic_t g_child_signals = 0;  // SIGCHLDs received so far
+bool g_output_impatient = false;            // set when the run starts stopping
 Clock::time_point g_output_deadline = Clock::time_point::max();
+std::vector<pid_t> g_rank_pids;  // every rank's leader, as spawned
+sig_atomic_t g_child_signals_scanned = 0;
+bool g_rank_failed = false;
+
+// The output state of one launch (the Launcher's constructor; a process may launch twice).
+void reset_output_state() {
+  g_output_impatient = false;
+  g_output_deadline = Clock::time_point::max();
+  g_rank_pids.clear();
+  g_child_signals_scanned = g_child_signals;
+  g_rank_failed = false;
+}
+
+// Whether a rank's leader has exited with a failure (a status other than 0, or a signal). Looked
+// up again only after a SIGCHLD, and without reaping (WNOWAIT): the loop's check_exits still
+// sees the exit. Once true it stays true for the launch.
+bool a_rank_failed() {
+  if (g_rank_failed || g_child_signals_scanned == g_child_signals) return g_rank_failed;
+  g_child_signals_scanned = g_child_signals;
+  for (const pid_t pid : g_rank_pids) {
+    siginfo_t info{};
+    if (::waitid(P_PID, id_t(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != pid) continue;
+    if (info.si_code != CLD_EXITED || info.si_status != 0) g_rank_failed = true;
+  }
+  return g_rank_failed;
+}
 
 bool output_may_wait() {
-  return g_stop_signals == 0 && !g_output_impatient && Clock::now() < g_output_deadline;
+  return g_stop_signals == 0 && !g_output_impatient && Clock::now() < g_output_deadline && !a_rank_failed();
 }
 
 // Everything, or as much as the reader takes: when whoever reads our stdout has gone away
@@ -135,6 +164,8 @@ void on_signal(int sig) {
   if (sig != SIGCHLD) {
     g_last_stop_signal = sig;
     g_stop_signals = g_stop_signals + 1;  // no nesting: sa_mask blocks the other handled signals
+  } else {
+    g_child_signals = g_child_signals + 1;
   }
   const char byte = 0;
   const ssize_t ignored = ::write(g_wake_write_fd, &byte, 1);  // full pipe: a wake-up is pending
@@ -252,6 +283,7 @@ enum class ReadResult { kData, kEmpty, kClosed };
 class Launcher {
  public:
   explicit Launcher(const LaunchSpec& spec) : spec_(spec), ranks_(size_t(spec.num_ranks)) {
+    reset_output_state();
     devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (devnull_ < 0) throw_system("open /dev/null", errno);
     bootstrap_file_ = dir_.path() + "/bootstrap";
@@ -392,6 +424,7 @@ void Launcher::spawn(int rank) {
     throw_system("fork of rank " + std::to_string(rank), fork_errno);
   }
   r.pid = pid;
+  g_rank_pids.push_back(pid);
 
   // EOF: exec succeeded (the pipe closed with it); an int: the child's errno from execvp.
   int exec_errno = 0;

@@ -367,6 +367,22 @@ cat "$WORK/result")sh");
   EXPECT_LT(std::stoi(m[2].str()), 6000) << "the launcher waited for the reader; " << shown(o);
 }
 
+// Nor does it hold off the stop after a failed rank: rank 1 fails at once while rank 0's output
+// fills the stuck reader's pipe, and rank 0 is stopped within seconds, not when the reader
+// comes back (8 s).
+TEST_F(LaunchTest, StuckReaderDoesNotHoldOffTheStopAfterAFailure) {
+  const Outcome o = sh(R"sh(start=$(date +%s%N)
+{ "$COMET" launch -n 2 -- sh -c 'if [ "$RANK" = 1 ]; then sleep 0.5; exit 7; fi
+    head -c 4000000 /dev/zero | tr "\0" x | fold -w 100; sleep 60'
+  echo "code $? ms $(( ($(date +%s%N) - start) / 1000000 ))" > "$WORK/result"; } | { sleep 8; cat > /dev/null; }
+cat "$WORK/result")sh");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.out, m, std::regex("code (\\d+) ms (\\d+)"))) << shown(o);
+  EXPECT_EQ(m[1].str(), "7") << shown(o);
+  EXPECT_LT(std::stoi(m[2].str()), 6000) << "the launcher waited for the reader; " << shown(o);
+  EXPECT_NE(o.err.find("rank 1 exited with status 7 (stopping the other ranks)"), std::string::npos) << shown(o);
+}
+
 // A script whose interpreter is missing fails with ENOENT like a missing command; the message
 // tells them apart.
 TEST_F(LaunchTest, MissingInterpreterIsNamed) {
