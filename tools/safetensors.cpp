@@ -70,7 +70,9 @@ std::vector<int64_t> non_negative_integers(const nlohmann::json& v, const std::s
   for (const nlohmann::json& x : v) {
     const bool ok = x.is_number_unsigned() ? x.get<uint64_t>() <= uint64_t(INT64_MAX)
                                            : x.is_number_integer() && x.get<int64_t>() >= 0;
-    if (!ok) throw Error(what + " holds " + x.dump() + ", not a non-negative integer");
+    // A nested value is named by its type: printing it could be long (and was recursive).
+    if (!ok) throw Error(what + " holds " + (x.is_primitive() ? x.dump() : std::string("an ") + x.type_name()) +
+                         ", not a non-negative integer");
     out.push_back(x.get<int64_t>());
   }
   return out;
@@ -225,6 +227,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   try {
     h = io::parse_json_unique_keys(head, repeated);
   } catch (const nlohmann::json::exception& e) {
+    throw Error(where + "header is not valid JSON: " + e.what());
+  } catch (const io::JsonTextError& e) {
     throw Error(where + "header is not valid JSON: " + e.what());
   }
   if (repeated)

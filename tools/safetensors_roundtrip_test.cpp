@@ -222,6 +222,24 @@ TEST(Safetensors, ReaderRejectsOverflowingAndNonIntegerShapes) {
   std::filesystem::remove(path);
 }
 
+// Hostile headers of a few hundred KB: a shape nested 100000 deep once crashed the reader (its
+// error message printed the value recursively, past the stack); any nesting deeper than the
+// readers' limit is refused first, and a nested value in a shape is named by its type. A NUL
+// byte ended nlohmann's input, so what followed it was never read; it is refused by offset.
+TEST(Safetensors, ReaderRefusesDeepNestingAndNulBytes) {
+  const std::string path = temp_path("hostile.safetensors");
+  const int deep = 100000;
+  const std::string nested = std::string(size_t(deep), '[') + std::string(size_t(deep), ']');
+  const std::string crash = read_message(path, R"({"a":{"dtype":"F32","shape":[)" + nested + R"(],"data_offsets":[0,0]}})", 0);
+  EXPECT_NE(crash.find("header is not valid JSON: objects and arrays nested deeper than 64 levels"), std::string::npos)
+      << crash;
+  const std::string shallow = read_message(path, R"({"a":{"dtype":"F32","shape":[[1]],"data_offsets":[0,4]}})", 4);
+  EXPECT_NE(shallow.find("shape holds an array, not a non-negative integer"), std::string::npos) << shallow;
+  const std::string nul = read_message(path, std::string("{}\0garbage!", 12), 0);
+  EXPECT_NE(nul.find("header is not valid JSON: a NUL byte at offset 2"), std::string::npos) << nul;
+  std::filesystem::remove(path);
+}
+
 // A repeated tensor name would keep only the last entry of that name (nlohmann's last-wins),
 // dropping the first without a word; it is refused naming the name, as is any repeated key.
 TEST(Safetensors, ReaderRejectsRepeatedNames) {

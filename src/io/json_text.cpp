@@ -1,6 +1,7 @@
 #include "io/json_text.h"
 
 #include <set>
+#include <string>
 #include <vector>
 
 namespace comet::io {
@@ -11,6 +12,8 @@ std::string json_text(const nlohmann::json& j, int indent) {
 
 nlohmann::json parse_json_unique_keys(const std::string& text, std::optional<RepeatedJsonKey>& repeated) {
   repeated.reset();
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    throw JsonTextError("a NUL byte at offset " + std::to_string(nul) + ", which JSON text never holds");
   // Every object and array being parsed, outermost first; an object keeps the keys it has.
   struct Open {
     bool object = false;
@@ -28,6 +31,8 @@ nlohmann::json parse_json_unique_keys(const std::string& text, std::optional<Rep
     if (event == Event::object_start && open.size() == 1 && open[0].object) top_index = 0;
     if (starts_value && open.size() == 2 && open[0].object && !open[1].object) ++top_index;
     if (event == Event::object_start || event == Event::array_start) {
+      if (open.size() >= size_t(kMaxJsonDepth))
+        throw JsonTextError("objects and arrays nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
       open.push_back({event == Event::object_start, {}});
       objects += open.back().object;
     } else if (event == Event::object_end || event == Event::array_end) {

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comet/error.h"
+
 namespace comet::io {
 
 // `j` as text (`indent` as nlohmann's dump: -1 is one line). Bytes that are not UTF-8 (a device
@@ -24,7 +26,18 @@ struct RepeatedJsonKey {
                         // the element that holds it (every element counted, whatever its type)
 };
 
+// Text the readers refuse before nlohmann sees all of it (parse_json_unique_keys): a NUL byte
+// (nlohmann takes it for the end of the input, so what follows was never read) and objects or
+// arrays nested deeper than kMaxJsonDepth (a message that printed such a value recursed to a
+// stack overflow). The message names the problem and its byte offset or depth.
+class JsonTextError : public Error {
+ public:
+  using Error::Error;
+};
+inline constexpr int kMaxJsonDepth = 64;
+
 // nlohmann::json::parse(text) (its exceptions included), and the first repeated key, if any.
+// Throws JsonTextError as above.
 nlohmann::json parse_json_unique_keys(const std::string& text, std::optional<RepeatedJsonKey>& repeated);
 
 }  // namespace comet::io

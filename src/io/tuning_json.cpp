@@ -46,6 +46,8 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
     j = parse_json_unique_keys(text, repeated);
   } catch (const nlohmann::json::exception& e) {
     throw Error("tuning table " + origin + ": not JSON (" + e.what() + ")");
+  } catch (const JsonTextError& e) {
+    throw Error("tuning table " + origin + ": not JSON (" + e.what() + ")");
   }
   if (repeated) {
     const bool in_entry = repeated->depth > 1 && repeated->top_key == "entries";

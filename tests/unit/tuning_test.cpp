@@ -210,6 +210,18 @@ TEST(TuningJson, RefusesUnknownTopLevelKeys) {
   EXPECT_EQ(io::parse_tuning_table(text, "t.json").entries().size(), 1u);
 }
 
+// A table with a NUL byte (whatever follows it was never read: nlohmann stops there) or nested
+// past the readers' depth limit is not JSON, by name.
+TEST(TuningJson, RefusesNulBytesAndDeepNesting) {
+  const std::string text = io::tuning_table_json(table_with({{4096, 20, 21}}));
+  const std::string with_nul = text + std::string("\0{\"entries\": 5}", 15);
+  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(with_nul, "t.json"); },
+                                 {"t.json: not JSON (a NUL byte at offset " + std::to_string(text.size()) + ", which JSON text never holds)"}));
+  const std::string deep = "{\"format\": " + std::string(100, '[') + std::string(100, ']') + "}";
+  EXPECT_TRUE(throws_with<Error>([&] { io::parse_tuning_table(deep, "t.json"); },
+                                 {"t.json: not JSON (objects and arrays nested deeper than 64 levels)"}));
+}
+
 // A GPU name that is not UTF-8 (the driver's bytes) is written with U+FFFD, not refused after the
 // whole sweep ran.
 TEST(TuningJson, NonUtf8GpuNameIsReplacedNotRefused) {
