@@ -243,6 +243,7 @@ class NcclFabric final : public Fabric {
       // No usable handle to query or abort in every failure case: report and clean up only.
       const std::string why = ncclGetErrorString(r);
       if (comm_) abort_comm();
+      if (env_.rank == 0) remove_bootstrap_file(bootstrap_path_);  // as after a failed wait below
       COMET_CHECK(false, context() << "ncclCommInitRankConfig failed: " << why);
     }
     std::ostringstream joining;
