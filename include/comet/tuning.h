@@ -24,7 +24,10 @@ namespace comet {
 inline constexpr double kMaxTuningDistance = 1.0;
 
 struct TuningKey {
-  std::string gpu;  // device name as the driver reports it, e.g. "NVIDIA H200"
+  // Device name as the driver reports it, e.g. "NVIDIA H200"; as valid UTF-8 from tuning_key
+  // (bytes that are not become U+FFFD, as the table's writer would make them), so that a key
+  // equals the one read back from the table it was saved in.
+  std::string gpu;
   int num_sms = 0;
   int hidden = 0, ffn = 0, num_experts = 0, topk = 0;
   int world = 0, ep = 0, tp = 0;
@@ -40,6 +43,10 @@ struct TuningKey {
 };
 
 TuningKey tuning_key(const LayerConfig& config, const std::string& gpu, int num_sms, int tokens_per_rank, int gpus = 1);
+
+// `text` with each byte that does not belong to a well-formed UTF-8 sequence (RFC 3629: no
+// overlong forms, surrogates or code points past U+10FFFF) replaced by U+FFFD.
+std::string valid_utf8(const std::string& text);
 
 struct TuningEntry {
   TuningKey key;

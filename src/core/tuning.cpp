@@ -27,8 +27,45 @@ TuningKey tuning_key(const LayerConfig& c, const std::string& gpu, int num_sms, 
   COMET_CHECK(gpus >= 1 && c.layout.world % gpus == 0,
               "tuning key: " << gpus << " GPUs for W = " << c.layout.world << " ranks (a divisor of W: 1, W, or "
                              << "W / ranks per GPU)");
-  return {gpu, num_sms, c.model.hidden, c.model.ffn, c.model.num_experts, c.model.topk,
+  return {valid_utf8(gpu), num_sms, c.model.hidden, c.model.ffn, c.model.num_experts, c.model.topk,
           c.layout.world, c.layout.ep, c.layout.tp, gpus, tokens_per_rank};
+}
+
+std::string valid_utf8(const std::string& text) {
+  static const std::string kReplacement = "\xef\xbf\xbd";  // U+FFFD
+  std::string out;
+  out.reserve(text.size());
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char lead = byte(i);
+    // The sequence's length and the range of its second byte (which rules out overlong forms,
+    // surrogates and code points past U+10FFFF); 0: not a lead byte.
+    int length = 0;
+    unsigned char low = 0x80, high = 0xbf;
+    if (lead < 0x80) length = 1;
+    else if (lead >= 0xc2 && lead <= 0xdf) length = 2;
+    else if (lead == 0xe0) length = 3, low = 0xa0;
+    else if (lead >= 0xe1 && lead <= 0xec) length = 3;
+    else if (lead == 0xed) length = 3, high = 0x9f;
+    else if (lead >= 0xee && lead <= 0xef) length = 3;
+    else if (lead == 0xf0) length = 4, low = 0x90;
+    else if (lead >= 0xf1 && lead <= 0xf3) length = 4;
+    else if (lead == 0xf4) length = 4, high = 0x8f;
+    bool ok = length > 0 && i + size_t(length) <= text.size();
+    for (int k = 1; ok && k < length; ++k) {
+      const unsigned char b = byte(i + size_t(k));
+      ok = k == 1 ? (b >= low && b <= high) : (b >= 0x80 && b <= 0xbf);
+    }
+    if (ok) {
+      out.append(text, i, size_t(length));
+      i += size_t(length);
+    } else {
+      out += kReplacement;
+      ++i;
+    }
+  }
+  return out;
 }
 
 void TuningTable::add(const TuningEntry& e) {

@@ -232,6 +232,34 @@ TEST(TuningJson, NonUtf8GpuNameIsReplacedNotRefused) {
   EXPECT_EQ(io::parse_tuning_table(text).entries().at(0).key.gpu, "GPU \xef\xbf\xbd");
 }
 
+// The key keeps the name as the table's file will hold it, so a second sweep on that GPU
+// replaces the entry it loaded (it added a second one of the same workload, and the next load
+// refused the file) and the lookup finds it.
+TEST(TuningJson, NonUtf8GpuNameKeysMatchAfterARoundTrip) {
+  const TuningKey live = tuning_key(mixtral_ep8(), "GPU \xff", 132, 4096);
+  EXPECT_EQ(live.gpu, "GPU \xef\xbf\xbd");
+  TuningTable t;
+  t.add({live, 20, 21, 100.0});
+  TuningTable loaded = io::parse_tuning_table(io::tuning_table_json(t));
+  loaded.add({tuning_key(mixtral_ep8(), "GPU \xff", 132, 4096), 30, 31, 90.0});
+  ASSERT_EQ(loaded.entries().size(), 1u);
+  EXPECT_EQ(loaded.entries()[0].n_comm0, 30);
+  ASSERT_NO_THROW(io::parse_tuning_table(io::tuning_table_json(loaded)));
+  EXPECT_TRUE(loaded.nearest(live).has_value());
+}
+
+TEST(Tuning, ValidUtf8KeepsWellFormedTextAndReplacesEachBadByte) {
+  EXPECT_EQ(valid_utf8("NVIDIA H200"), "NVIDIA H200");
+  EXPECT_EQ(valid_utf8("\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");  // 2-4 bytes
+  const std::string r = "\xef\xbf\xbd";
+  EXPECT_EQ(valid_utf8("a\xff" "b"), "a" + r + "b");
+  EXPECT_EQ(valid_utf8("\xc0\xaf"), r + r);                  // overlong '/'
+  EXPECT_EQ(valid_utf8("\xed\xa0\x80"), r + r + r);         // a surrogate
+  EXPECT_EQ(valid_utf8("\xf4\x90\x80\x80"), r + r + r + r);  // past U+10FFFF
+  EXPECT_EQ(valid_utf8("\xe2\x82"), r + r);                  // cut short
+  EXPECT_EQ(valid_utf8(""), "");
+}
+
 // Types and ranges are checked before a value is used, each refusal naming the file, the entry
 // and the key: a "format" that is not a string, integers that an int would wrap (4294967320 was
 // read as 24, 2^64 - 1 as -1), sizes that are not positive, and layouts that no run can have.
