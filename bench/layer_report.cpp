@@ -81,36 +81,48 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
        << fixed(r.fused_over_bound(), 2, "x") << std::setw(9)
        << (r.baselines_run() ? fixed(r.baseline_remote_bytes / 1e6, 1) : "-") << "  " << r.link.short_name() << "\n";
   }
-  // Notes, each naming the link.
+  // Notes. The fabric once (one per run); the rest per workload (a workload's rows are
+  // consecutive): its n_comm sources, default path and baselines, and the lower bound's model
+  // wherever it changes (a --layouts sweep on the local fabric changes the ranks per GPU).
   const LayerBenchRow& first = rows.front();
-  const std::string link = first.link.describe();
-  os << "n_comm: " << first.n_comm_source << "; " << link << "\n";
   os << "fabric: " << first.fabric << " (times of rank " << first.rank << "'s stream)\n";
-  // The default path once per workload (a workload's rows are consecutive).
   const auto same_workload = [](const LayerBenchRow& a, const LayerBenchRow& b) {
     return a.model == b.model && a.tokens == b.tokens && a.ep == b.ep && a.tp == b.tp && a.routing == b.routing;
   };
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (i == 0 || !same_workload(rows[i], rows[i - 1]))
-      os << rows[i].model << " T=" << rows[i].tokens << " EPxTP=" << rows[i].ep << "x" << rows[i].tp << " routing "
-         << rows[i].routing << ": default path (ForwardPath::kTuned) " << rows[i].path_source << "\n";
-  const bool turns = first.ranks_per_gpu > 1;
-  os << "lower bound: cost model with "
-     << (first.ranks_per_gpu == first.world ? "the W ranks one after another, "
-         : turns ? "the " + std::to_string(first.ranks_per_gpu) + " ranks of each GPU one after another, "
-                 : std::string("the W ranks in parallel, "))
-     << first.bound_gpu << " (link "
-     << fixed(first.bound_link_gbps, 0) << " GB/s per direction); GB/s are per link direction"
-     << (turns ? ", ranks taking turns; " : "; ")
-     << link << "\n";
-  for (const auto& r : rows) {
+  const auto workload_name = [](const LayerBenchRow& r) {
+    return r.model + " T=" + std::to_string(r.tokens) + " EPxTP=" + std::to_string(r.ep) + "x" + std::to_string(r.tp) +
+           " routing " + r.routing;
+  };
+  const auto bound_model = [](const LayerBenchRow& r) {
+    const bool turns = r.ranks_per_gpu > 1;
+    return std::string("cost model with ") +
+           (r.ranks_per_gpu == r.world ? "the W ranks one after another, "
+            : turns ? "the " + std::to_string(r.ranks_per_gpu) + " ranks of each GPU one after another, "
+                    : std::string("the W ranks in parallel, ")) +
+           r.bound_gpu + " (link " + fixed(r.bound_link_gbps, 0) + " GB/s per direction); GB/s are per link direction" +
+           (turns ? ", ranks taking turns; " : "; ") + r.link.describe();
+  };
+  std::string last_bound;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const LayerBenchRow& r = rows[i];
+    const bool starts = i == 0 || !same_workload(r, rows[i - 1]);
+    // Each n_comm source of the workload once.
+    bool seen = false;
+    for (size_t j = i; j-- > 0 && same_workload(rows[j], r);)
+      seen = seen || rows[j].n_comm_source == r.n_comm_source;
+    if (!seen) os << workload_name(r) << ": n_comm " << r.n_comm_source << "\n";
+    if (!starts) continue;
+    os << workload_name(r) << ": default path (ForwardPath::kTuned) " << r.path_source << "\n";
     if (r.baselines_run())
-      os << r.model << " T=" << r.tokens << ": baselines with " << r.baseline_gemm
-         << " (the faster cuBLAS variant), worst rel_l2 vs unfused " << std::scientific << std::setprecision(2)
-         << r.baseline_rel_l2 << std::defaultfloat << ", " << fixed(r.baseline_remote_bytes / 1e6, 1)
-         << " MB between ranks per forward; " << r.link.describe() << "\n";
+      os << workload_name(r) << ": baselines with " << r.baseline_gemm << " (the faster cuBLAS variant), worst rel_l2 vs unfused "
+         << std::scientific << std::setprecision(2) << r.baseline_rel_l2 << std::defaultfloat << ", "
+         << fixed(r.baseline_remote_bytes / 1e6, 1) << " MB between ranks per forward; " << r.link.describe() << "\n";
     else if (!r.baseline_note.empty())
-      os << r.model << " T=" << r.tokens << ": " << r.baseline_note << "; " << r.link.describe() << "\n";
+      os << workload_name(r) << ": " << r.baseline_note << "; " << r.link.describe() << "\n";
+    if (bound_model(r) != last_bound) {
+      last_bound = bound_model(r);
+      os << "lower bound" << (i == 0 ? "" : " from " + workload_name(r) + " on") << ": " << last_bound << "\n";
+    }
   }
   for (const auto& r : rows) {
     if (r.trace_path.empty()) continue;

@@ -165,5 +165,37 @@ TEST(LayerReport, SeveralRanksPerGpuTakeTurns) {
   EXPECT_EQ(j[0]["ranks_per_gpu"].get<int>(), 4);
 }
 
+// The notes under the table are per workload: each one's n_comm sources (once each), default
+// path and baselines, and the lower bound's model again where a layout changes it (only the
+// first row's were printed, for every row).
+TEST(LayerReport, NotesNameEachWorkload) {
+  LayerBenchRow a = row(), a2 = row(), b = row();
+  a.n_comm_source = "tuning table: entry for 4096 tokens/rank";
+  a.path_source = "fused: table A";
+  a2.n_comm_source = "--n-comm0/--n-comm1";
+  b.tokens = 8192;
+  b.n_comm_source = "cost model B";
+  b.path_source = "unfused: table B";
+  b.baseline_note = "baselines not run: they need 80.1 GiB";
+  a.ranks_per_gpu = a2.ranks_per_gpu = 1;
+  b.ranks_per_gpu = 2;
+  std::ostringstream os;
+  print_layer_table({a, a, a2, b}, os);
+  const std::string t = os.str();
+  const auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = t.find(what); at != std::string::npos; at = t.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("mixtral-8x7b T=4096 EPxTP=2x1 routing uniform: n_comm tuning table: entry for 4096 tokens/rank\n"), 1u) << t;
+  EXPECT_EQ(count("mixtral-8x7b T=4096 EPxTP=2x1 routing uniform: n_comm --n-comm0/--n-comm1\n"), 1u) << t;
+  EXPECT_EQ(count("mixtral-8x7b T=4096 EPxTP=2x1 routing uniform: default path (ForwardPath::kTuned) fused: table A\n"), 1u) << t;
+  EXPECT_EQ(count("mixtral-8x7b T=8192 EPxTP=2x1 routing uniform: n_comm cost model B\n"), 1u) << t;
+  EXPECT_EQ(count("mixtral-8x7b T=8192 EPxTP=2x1 routing uniform: default path (ForwardPath::kTuned) unfused: table B\n"), 1u) << t;
+  EXPECT_EQ(count("mixtral-8x7b T=8192 EPxTP=2x1 routing uniform: baselines not run: they need 80.1 GiB"), 1u) << t;
+  EXPECT_EQ(count("lower bound: cost model with the W ranks in parallel, "), 1u) << t;
+  EXPECT_EQ(count("lower bound from mixtral-8x7b T=8192 EPxTP=2x1 routing uniform on: cost model with the W ranks one after another, "), 1u) << t;
+}
+
 }  // namespace
 }  // namespace comet::bench
