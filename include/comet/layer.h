@@ -143,6 +143,13 @@ struct LayerOptions {
   // launch (0-based, counted over the local ranks and both layers in enqueue order), as a launch
   // refused mid-enqueue would, with the earlier kernels already enqueued; -1: never.
   int fail_before_launch = -1;
+  // Testing: before each forward, fill the regions the kernels pass rows through (every local
+  // rank's published x, A rows, intermediate rows, GEMM1 output rows and combine receive slots)
+  // with 0xff bytes, a NaN in bf16 and fp32. A row that a forward should have written but did
+  // not (a skipped copy, a tile that read before its signal) then reads as NaN instead of as the
+  // previous forward's value, which the same inputs would make equal. Costs one memset of those
+  // regions per forward (on the forward's stream; captured into a CUDA graph with it).
+  bool poison_workspace = false;
   // Record the fused kernels' timeline (needs path kFused): per block, every GEMM tile, the GEMM
   // producer's waits, and the communication chunks and waits (docs/gpu_layer.md "Timeline");
   // read_trace() returns it. Off: no records, no cost beyond a null test per tile and chunk.

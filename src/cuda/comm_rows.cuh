@@ -311,7 +311,9 @@ __device__ inline void combine_rows(const FusedCommArgs& f, const int32_t* psum,
     if (next >= claim_end) {
       unsigned first = 0;
       if (lane == 0) first = atomicAdd(f.combine_claims, unsigned(kCombineClaim));
-      next = int(__shfl_sync(~0u, first, 0));
+      // A claim past the items ends the loop whatever the counter reads (never a negative int).
+      const unsigned claimed = __shfl_sync(~0u, first, 0);
+      next = claimed >= unsigned(items) ? items : int(claimed);
       claim_end = next + kCombineClaim;
     }
     return next++;

@@ -355,9 +355,12 @@ __global__ void __launch_bounds__(kThreads, 1) device_plan_layout_kernel(PlanSha
     plan.recv_psum[pos] = bad_rows ? 0 : recv_base[pos];  // refused: nothing to dispatch or combine
   }
   if (bad_rows) {
-    // No later kernel may follow stale indices: the own tokens are sent nowhere.
+    // No later kernel may follow stale indices: the own tokens are sent nowhere. The combine's
+    // claim counter starts from 0 as after an accepted plan: its warps still claim (and find
+    // nothing), and refused forwards in a row would otherwise raise it until it wrapped.
     const int T = published_tokens(a, s, r, false);
     for (int64_t i = tid; i < int64_t(T) * W; i += kThreads) plan.send_pos[i] = -1;
+    if (a.combine_claims != nullptr && tid == 0) *a.combine_claims = 0;
     return;
   }
 

@@ -403,6 +403,12 @@ struct MoeLayer::Impl {
   }
 
   // ---- The steps of one rank (the caller has made the rank's device current).
+  // LayerOptions::poison_workspace, before step 1: NaN in every region rows pass through.
+  void poison(const Rank* first, int n, cudaStream_t s) const {
+    for (int i = 0; i < n; ++i)
+      for (const char* name : {"x", "a_rows", "inter", "out_rows", "combine_recv"})
+        COMET_CUDA_CHECK(cudaMemsetAsync(region(first[i], name), 0xff, size_t(layout.region(name).bytes), s));
+  }
   // Step 1 for `n` ranks of one device from `first` (one launch; cuda/publish.h).
   void publish(const Rank* first, const RankTensors* const* t, int n, cudaStream_t s) const {
     std::vector<cuda::PublishCopy> copies(n);
@@ -765,6 +771,7 @@ struct MoeLayer::Impl {
           return t;
         };
         on_groups(stream, {[&](const Rank* first, int count, cudaStream_t s) {
+                             if (options.poison_workspace) poison(first, count, s);
                              publish(first, inputs_of(first, count).data(), count, s);
                            },
                            [&](const Rank* first, int count, cudaStream_t s) { barrier(first, count, 0, s); },
@@ -784,6 +791,7 @@ struct MoeLayer::Impl {
       // phase complete), with the plans of all ranks in as few launches as possible.
       std::vector<const RankTensors*> inputs;
       for (const Rank& k : ranks) inputs.push_back(&tensors(k));
+      if (options.poison_workspace) poison(ranks.data(), int(ranks.size()), stream);
       publish(ranks.data(), inputs.data(), int(ranks.size()), stream);
       planned_layer1_width = layer1_col_width();
       plans(ranks.data(), int(ranks.size()), signals, stream);

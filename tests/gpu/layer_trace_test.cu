@@ -230,6 +230,7 @@ TEST_P(LayerTraceTest, EveryTileOnceCommOnCommBlocksBitwiseEqualToUntraced) {
     o.layer0_copies = Layer0Copies::kCommBlocks;
     o.dispatch_order = v.order;
     o.layer1_combine = v.combine1;
+    o.poison_workspace = true;  // the traced forward must move every row itself
     const auto untraced = rig.forward(o, stream);
     EXPECT_THROW(rig.layer.read_trace(stream), Error);  // the last forward was not traced
     o.trace = true;

@@ -54,6 +54,7 @@ LayerOptions layer_options(bool fused, int n0, int n1, const LinkEmulation& link
   o.n_comm0 = n0;
   o.n_comm1 = n1;
   o.link = link;
+  o.poison_workspace = true;  // a row a paced run failed to move reads as NaN, not as the last run's
   return o;
 }
 

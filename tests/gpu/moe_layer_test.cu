@@ -204,9 +204,15 @@ TEST(MoeLayer, NewRoutingAndTokenCountsWithoutReallocation) {
   const LayerConfig c = lc.config();
   auto fabric = fabric::make_loopback_fabric(4);
   MoeLayer layer(c, *fabric);
-  for (int call = 0; call < 3; ++call) {
+  // Both paths (on one GPU without a tuning table the default is the unfused one), each call
+  // on a poisoned workspace: the fused kernels too must follow the new counts, not the last.
+  for (int call = 0; call < 6; ++call) {
     SCOPED_TRACE("call " + std::to_string(call));
-    const std::vector<int> tokens = call == 1 ? std::vector<int>{3, 128, 0, 64} : lc.tokens;
+    LayerOptions o;
+    o.path = call % 2 == 0 ? ForwardPath::kUnfused : ForwardPath::kFused;
+    o.poison_workspace = true;
+    layer.set_options(o);
+    const std::vector<int> tokens = call / 2 == 1 ? std::vector<int>{3, 128, 0, 64} : lc.tokens;
     const MoeProblem p = make_problem(c, tokens, lc.spec, lc.seed + call);
     if (call == 0) layer.set_weights(p.weights);
     MoeProblem same_weights = p;
@@ -226,6 +232,14 @@ TEST(MoeLayer, GraphReplayWithNewRoutingAndTokenCounts) {
   LayerRig rig(lc);
   const LayerConfig& c = rig.config;
   cuda::DeviceProblem& d = rig.device;
+  // Each path captured (the default on one GPU is the unfused one), with the workspace poisoned
+  // by each replay: every row must come from the replay's own routing and counts.
+  for (ForwardPath path : {ForwardPath::kUnfused, ForwardPath::kFused}) {
+  SCOPED_TRACE(path == ForwardPath::kFused ? "fused" : "unfused");
+  LayerOptions o;
+  o.path = path;
+  o.poison_workspace = true;
+  rig.layer.set_options(o);
   testing::CapturedForward graph(rig.layer, d.tensors());
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
@@ -236,6 +250,7 @@ TEST(MoeLayer, GraphReplayWithNewRoutingAndTokenCounts) {
     d.poison_y();  // every row checked below must come from this replay
     graph.replay();
     EXPECT_TRUE(testing::near_oracle(d.download_y(), ref::oracle_forward(p), p.config.model.hidden));
+  }
   }
 }
 
@@ -519,7 +534,9 @@ class FusedLayerTest : public ::testing::TestWithParam<LayerCase> {};
 // blocks (Layer0Copies::kGemmBlocks, the last pair's n_comm1), then fused and unfused without the
 // epilogue combine (LayerOptions::epilogue_combine: every token through the combine), and with
 // layer1's combine in the GEMM blocks (Layer1Combine::kGemmBlocks), `calls` forwards each on
-// poisoned outputs: y must equal `unfused` bitwise every time.
+// poisoned outputs and a poisoned workspace (LayerOptions::poison_workspace: every row the
+// forward passes between kernels must be written by that forward, not left from the one
+// before on the same inputs): y must equal `unfused` bitwise every time.
 void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
                                  const std::vector<std::vector<float>>& unfused,
                                  std::initializer_list<std::pair<int, int>> n_comms, int calls,
@@ -557,6 +574,7 @@ void expect_fused_equals_unfused(MoeLayer& layer, cuda::DeviceProblem& d,
       runs.back().epilogue_combine = epilogue;
       runs.back().layer1_combine = Layer1Combine::kGemmBlocks;
     }
+  for (LayerOptions& o : runs) o.poison_workspace = true;
   for (const LayerOptions& o : runs) {
     SCOPED_TRACE(std::string(o.path == ForwardPath::kUnfused ? "unfused" : "fused") + " n_comm " +
                  std::to_string(o.n_comm0) + "/" + std::to_string(o.n_comm1) +
