@@ -116,13 +116,20 @@ void poison_all_y(const LayerConfig& c, const Inputs& in, int tokens) {
   }
 }
 
-// Every rank's y rows after one forward of `layer` with its current options into poisoned y,
-// checked for device errors (the comparisons of fused, unfused and traced forwards read this).
+// Every rank's y rows after one forward of `layer` with its current options into poisoned y
+// and a poisoned workspace (LayerOptions::poison_workspace: a row the forward should have moved
+// but did not is NaN, not the previous forward's, which the same inputs make equal), checked
+// for device errors (the comparisons of fused, unfused and traced forwards read this).
 std::vector<uint16_t> checked_forward(MoeLayer& layer, const LayerConfig& c, const Inputs& in, int tokens,
                                       cudaStream_t stream) {
+  const LayerOptions options = layer.options();
+  LayerOptions poisoned = options;
+  poisoned.poison_workspace = true;
+  layer.set_options(poisoned);
   poison_all_y(c, in, tokens);
   layer.forward(in.tensors, stream);
   layer.check(stream);
+  layer.set_options(options);
   return download_all_y(c, in, tokens);
 }
 

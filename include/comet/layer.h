@@ -209,6 +209,7 @@ class MoeLayer {
   // need device memory that cannot be allocated (the split GEMMs' workspace); a call that
   // throws leaves the options, the table and the layer's choices as they were.
   void set_options(const LayerOptions& options);
+  const LayerOptions& options() const;  // as last set
   // Entries measured by `comet tune`; replaces any previous table (as set_options on failure).
   void set_tuning_table(const TuningTable& table);
   // The n_comm the fused kernels use, and where they come from ("options", "tuning table: ...",

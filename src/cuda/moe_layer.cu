@@ -1096,6 +1096,7 @@ void MoeLayer::set_tuning_table(const TuningTable& table) {
   impl_->resolve_choices_or_restore([&] { impl_->tuning = before; });
 }
 
+const LayerOptions& MoeLayer::options() const { return impl_->options; }
 NCommChoice MoeLayer::n_comm() const { return impl_->choices.n_comm; }
 PathChoice MoeLayer::path() const { return impl_->choices.path; }
 Layer0ModeChoice MoeLayer::layer0_mode() const { return impl_->choices.layer0; }
