@@ -16,6 +16,7 @@
 
 #include "comet/error.h"
 #include "io/json_text.h"
+#include "io/replace_file.h"
 
 namespace comet::tools {
 namespace {
@@ -183,17 +184,15 @@ int64_t SafetensorsWriter::data_bytes() const {
 
 void SafetensorsWriter::write(const std::string& path) const {
   const std::string head = header();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error("cannot open \"" + path + "\" for writing");
-  const uint64_t n = head.size();
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(head.data(), std::streamsize(head.size()));
-  for (const auto& t : tensors_)
-    out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size()));
-  out.flush();
-  if (!out) throw Error("writing \"" + path + "\" failed (disk full or not writable?)");
+  io::replace_file(path, "safetensors file", [&](std::ostream& out) {
+    const uint64_t n = head.size();
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len), 8);
+    out.write(head.data(), std::streamsize(head.size()));
+    for (const auto& t : tensors_)
+      out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size()));
+  });
 }
 
 const StTensor* SafetensorsFile::find(const std::string& name) const {

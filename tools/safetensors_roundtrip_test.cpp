@@ -22,6 +22,7 @@
 #include "comet/dtype.h"
 #include "comet/error.h"
 #include "safetensors.h"
+#include "support/file_size_limit.h"
 
 namespace comet::tools {
 namespace {
@@ -118,6 +119,38 @@ TEST(Safetensors, RoundTripEveryDtypeAndEmptyTensors) {
   EXPECT_EQ(file.find("missing"), nullptr);
   EXPECT_THROW(file.at("missing"), Error);
   std::filesystem::remove(path);
+}
+
+// A file that cannot be written completely (a file size limit, as a full disk) is reported, and
+// the file it was to replace stays whole, with no temporary left beside it; a target that is not
+// a regular file (/dev/null) is written in place, not renamed over.
+TEST(Safetensors, AFailedWriteKeepsTheOldFile) {
+  SafetensorsWriter small, big;
+  small.add_f32("x", {2}, {1.0f, 2.0f});
+  big.add_f32("x", {4096}, std::vector<float>(4096, 3.0f));
+  const std::string path = temp_path("replace.safetensors");
+  small.write(path);
+  const std::vector<uint8_t> before = file_bytes(path);
+  std::string message;
+  {
+    const test::FileSizeLimit limit(before.size() + 64);  // far less than the big tensor
+    try {
+      big.write(path);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  }
+  EXPECT_NE(message.find("safetensors file " + path + ": write failed"), std::string::npos) << message;
+  EXPECT_EQ(file_bytes(path), before);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  big.write(path);
+  EXPECT_EQ(read_safetensors(path).at("x").shape, std::vector<int64_t>{4096});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  std::filesystem::remove(path);
+
+  small.write("/dev/null");
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+  EXPECT_FALSE(std::filesystem::exists("/dev/null.tmp"));
 }
 
 TEST(Safetensors, WriterRejectsBadTensors) {

@@ -2,16 +2,15 @@
 #include "io/tuning_json.h"
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
-#include <system_error>
 
 #include <nlohmann/json.hpp>
 
 #include "io/json_text.h"
+#include "io/replace_file.h"
 
 namespace comet::io {
 
@@ -161,25 +160,8 @@ TuningTable load_tuning_table(const std::string& path) {
 }
 
 void save_tuning_table(const TuningTable& table, const std::string& path) {
-  // Written beside the target and renamed over it, so that a failed write (disk full, a file
-  // size limit) leaves the old table whole. The stream is checked after close(): before it, the
-  // last bytes are still in its buffer and a failure to write them is not yet known.
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp);
-  COMET_CHECK(out.good(), "tuning table " << path << ": cannot be written (cannot create " << tmp << ")");
-  out << tuning_table_json(table);
-  out.close();
-  std::error_code ec;
-  if (!out) {
-    std::filesystem::remove(tmp, ec);
-    throw Error("tuning table " + path + ": write failed (disk full or a file size limit?); the old file is unchanged");
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    std::filesystem::remove(tmp, ec);
-    throw Error("tuning table " + path + ": cannot replace it (" + why + ")");
-  }
+  const std::string text = tuning_table_json(table);
+  replace_file(path, "tuning table", [&](std::ostream& out) { out << text; });
 }
 
 }  // namespace comet::io

@@ -3,9 +3,6 @@
 // Chrome trace is JSON with every event, the SVG draws, merges or culls every event.
 #include <gtest/gtest.h>
 
-#include <sys/resource.h>
-
-#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -14,6 +11,7 @@
 
 #include "io/trace_writers.h"
 #include "ref_cases.h"
+#include "support/file_size_limit.h"
 
 namespace comet {
 namespace {
@@ -142,14 +140,9 @@ TEST(Trace, WriteTraceFilesReportsAFailedWrite) {
   t.world = t.comm_lanes = t.compute_lanes = 1;
   t.events = {make_trace_event(0, 0, 0, TraceKind::kCommChunk, 0, 0, 10)};
   const std::string path = ::testing::TempDir() + "comet_trace_limit_test.json";
-  auto* const old_handler = std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails, EFBIG
-  rlimit saved{};
-  getrlimit(RLIMIT_FSIZE, &saved);
-  rlimit limit = saved;
-  limit.rlim_cur = 16;
-  setrlimit(RLIMIT_FSIZE, &limit);
   std::string message;
   const bool threw = [&] {
+    const test::FileSizeLimit limit(16);
     try {
       io::write_trace_files(t, path);
     } catch (const Error& e) {
@@ -158,8 +151,6 @@ TEST(Trace, WriteTraceFilesReportsAFailedWrite) {
     }
     return false;
   }();
-  setrlimit(RLIMIT_FSIZE, &saved);
-  std::signal(SIGXFSZ, old_handler);
   EXPECT_TRUE(threw);
   EXPECT_NE(message.find("write to " + path + " failed"), std::string::npos) << message;
   std::remove(path.c_str());

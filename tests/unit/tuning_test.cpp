@@ -2,21 +2,21 @@
 // limit, ties), the analytic n_comm fallback, the forward path choice, and the JSON format.
 #include <gtest/gtest.h>
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <csignal>
 #include <filesystem>
 
 #include "comet/tuning.h"
 #include "io/tuning_json.h"
+#include "support/file_size_limit.h"
 #include "support/preset_config.h"
 #include "support/test_support.h"
 
 namespace comet {
 namespace {
 
+using test::FileSizeLimit;
 using test::throws_with;
 
 LayerConfig mixtral_ep8() { return test::preset_config("mixtral-8x7b", 8, 1, 4096); }
@@ -291,26 +291,6 @@ TEST(TuningJson, RefusesWrongTypesWrappedIntegersAndImpossibleEntries) {
   EXPECT_TRUE(edit_is_refused(with_world(3), "\"ep\": 8", "\"ep\": 3", {"\"experts\" 8", "\"ep\" 3"}));
   EXPECT_TRUE(edit_is_refused(with_world(24), "\"tp\": 1", "\"tp\": 3", {"\"ffn\" 14336", "\"tp\" 3"}));
 }
-
-// While alive, files this process writes are limited to `bytes` and SIGXFSZ is ignored: a write
-// past the limit fails (EFBIG), as on a full disk, instead of killing the test.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) : old_handler_(std::signal(SIGXFSZ, SIG_IGN)) {
-    getrlimit(RLIMIT_FSIZE, &saved_);
-    rlimit limit = saved_;
-    limit.rlim_cur = bytes;
-    setrlimit(RLIMIT_FSIZE, &limit);
-  }
-  ~FileSizeLimit() {
-    setrlimit(RLIMIT_FSIZE, &saved_);
-    std::signal(SIGXFSZ, old_handler_);
-  }
-
- private:
-  void (*old_handler_)(int);
-  rlimit saved_{};
-};
 
 // A table that cannot be written completely is reported, and the old file stays whole (the
 // stream was checked before its buffer reached the disk, after truncating the old table).
