@@ -81,6 +81,13 @@ bool process_ends_within(const std::string& pid, double seconds) {
   return true;
 }
 
+// What run_behind_stuck_reader saw: the shell's outcome, the launcher's exit code and run time.
+struct StuckReaderRun {
+  Outcome shell;
+  int code = -1;
+  int ms = -1;
+};
+
 class LaunchTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -106,6 +113,22 @@ class LaunchTest : public ::testing::Test {
     o.out = read_text(out);
     o.err = read_text(err);
     return o;
+  }
+
+  // Runs `comet launch <args>` behind a reader that takes nothing for 8 s (a paused pager, a full
+  // log pipe), and returns the launcher's exit code and how long it ran, measured inside the
+  // pipeline so the reader's sleep does not count.
+  StuckReaderRun run_behind_stuck_reader(const std::string& launch_args) {
+    StuckReaderRun r;
+    r.shell = sh("start=$(date +%s%N)\n{ \"$COMET\" launch " + launch_args +
+                   "\n  echo \"code $? ms $(( ($(date +%s%N) - start) / 1000000 ))\" > \"$WORK/result\"; }"
+                   " | { sleep 8; cat > /dev/null; }\ncat \"$WORK/result\"");
+    std::smatch m;
+    if (std::regex_search(r.shell.out, m, std::regex("code (\\d+) ms (\\d+)"))) {
+      r.code = std::stoi(m[1].str());
+      r.ms = std::stoi(m[2].str());
+    }
+    return r;
   }
 
   // The launcher's temporary directories left in $WORK (TMPDIR points there).
@@ -354,33 +377,27 @@ wait $launcher)");
   }
 }
 
-// A reader that stops taking the launcher's output (a paused pager, a full log pipe) does not
-// hold off the timeout: the rank's output beyond what the pipe takes is dropped once it fires.
+// A stuck reader does not hold off the timeout: the rank's output beyond what the pipe takes is
+// dropped once it fires.
 TEST_F(LaunchTest, StuckReaderDoesNotHoldOffTheTimeout) {
-  const Outcome o = sh(R"sh(start=$(date +%s%N)
-{ "$COMET" launch -n 1 --timeout-s 1 -- sh -c 'head -c 4000000 /dev/zero | tr "\0" x; echo; sleep 60'
-  echo "code $? ms $(( ($(date +%s%N) - start) / 1000000 ))" > "$WORK/result"; } | { sleep 8; cat > /dev/null; }
-cat "$WORK/result")sh");
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(o.out, m, std::regex("code (\\d+) ms (\\d+)"))) << shown(o);
-  EXPECT_EQ(m[1].str(), "124") << shown(o);
-  EXPECT_LT(std::stoi(m[2].str()), 6000) << "the launcher waited for the reader; " << shown(o);
+  const StuckReaderRun r = run_behind_stuck_reader(
+      R"(-n 1 --timeout-s 1 -- sh -c 'head -c 4000000 /dev/zero | tr "\0" x; echo; sleep 60')");
+  ASSERT_GE(r.ms, 0) << shown(r.shell);
+  EXPECT_EQ(r.code, 124) << shown(r.shell);
+  EXPECT_LT(r.ms, 6000) << "the launcher waited for the reader; " << shown(r.shell);
 }
 
 // Nor does it hold off the stop after a failed rank: rank 1 fails at once while rank 0's output
 // fills the stuck reader's pipe, and rank 0 is stopped within seconds, not when the reader
 // comes back (8 s).
 TEST_F(LaunchTest, StuckReaderDoesNotHoldOffTheStopAfterAFailure) {
-  const Outcome o = sh(R"sh(start=$(date +%s%N)
-{ "$COMET" launch -n 2 -- sh -c 'if [ "$RANK" = 1 ]; then sleep 0.5; exit 7; fi
-    head -c 4000000 /dev/zero | tr "\0" x | fold -w 100; sleep 60'
-  echo "code $? ms $(( ($(date +%s%N) - start) / 1000000 ))" > "$WORK/result"; } | { sleep 8; cat > /dev/null; }
-cat "$WORK/result")sh");
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(o.out, m, std::regex("code (\\d+) ms (\\d+)"))) << shown(o);
-  EXPECT_EQ(m[1].str(), "7") << shown(o);
-  EXPECT_LT(std::stoi(m[2].str()), 6000) << "the launcher waited for the reader; " << shown(o);
-  EXPECT_NE(o.err.find("rank 1 exited with status 7 (stopping the other ranks)"), std::string::npos) << shown(o);
+  const StuckReaderRun r = run_behind_stuck_reader(R"(-n 2 -- sh -c 'if [ "$RANK" = 1 ]; then sleep 0.5; exit 7; fi
+    head -c 4000000 /dev/zero | tr "\0" x | fold -w 100; sleep 60')");
+  ASSERT_GE(r.ms, 0) << shown(r.shell);
+  EXPECT_EQ(r.code, 7) << shown(r.shell);
+  EXPECT_LT(r.ms, 6000) << "the launcher waited for the reader; " << shown(r.shell);
+  EXPECT_NE(r.shell.err.find("rank 1 exited with status 7 (stopping the other ranks)"), std::string::npos)
+      << shown(r.shell);
 }
 
 // A script whose interpreter is missing fails with ENOENT like a missing command; the message

@@ -73,6 +73,8 @@ inline void expect_withheld_rank_times_out_then_recovers(MoeLayer& layer, cuda::
     const std::string m = e.what();
     EXPECT_NE(m.find("rank " + std::to_string(stall_rank)), std::string::npos) << m;
     EXPECT_NE(m.find("layer0"), std::string::npos) << m;
+    // The withheld rank's GEMM0 is what waits: its tile inputs never arrive.
+    EXPECT_NE(m.find("timed out waiting for GEMM tile input"), std::string::npos) << m;
     EXPECT_NE(m.find("signal"), std::string::npos) << m;
   }
   options.stall_rank = -1;
