@@ -45,7 +45,9 @@ struct GemmBenchRow {
 
 using Progress = std::function<void(int done, int total, const std::string& what)>;
 
-std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& options, const Progress& progress);
+// Appends each workload's two rows to `rows` once they are verified: a workload that throws
+// (out of memory, a CUDA error) leaves the earlier workloads' rows for the caller to report.
+void run_gemm_bench(const GemmBenchOptions& options, const Progress& progress, std::vector<GemmBenchRow>& rows);
 void print_gemm_table(const std::vector<GemmBenchRow>& rows, std::ostream& os);
 std::string gemm_rows_json(const std::vector<GemmBenchRow>& rows);
 

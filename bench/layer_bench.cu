@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "bench/layer_bench.h"
@@ -223,7 +224,8 @@ void prepare_baselines(const LayerConfig& c, const LayerBenchOptions& o, const I
 // One more fused forward of the row with its timeline recorded (after the timing, on a warm
 // GPU); its output must still equal the unfused one.
 void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const LayerConfig& c, const LayerBenchOptions& o,
-               bool several_rows, const std::vector<uint16_t>& want, LayerBenchRow& row, cudaStream_t stream) {
+               bool several_rows, const std::vector<uint16_t>& want, LayerBenchRow& row, size_t row_index,
+               std::set<std::string>& trace_paths, cudaStream_t stream) {
   options.trace = true;
   layer.set_options(options);
   row.fused_equals_unfused = row.fused_equals_unfused && checked_forward(layer, c, in, row.tokens, stream) == want;
@@ -259,7 +261,7 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
               layer1_combine_name(row.layer1_combine) + "-k" + (row.split_gemms == "-" ? "none" : row.split_gemms);
   }
   if (per_process) suffix += io::trace_rank_suffix(row.rank);
-  row.trace_path = io::trace_path_with_suffix(o.trace_path, suffix);
+  row.trace_path = unique_trace_path(io::trace_path_with_suffix(o.trace_path, suffix), row_index, trace_paths);
   io::TimelineOptions svg;
   svg.ranks = per_process ? std::vector<int>{row.rank} : o.trace_ranks;
   io::write_trace_files(t, row.trace_path, svg);
@@ -270,14 +272,14 @@ void trace_row(MoeLayer& layer, LayerOptions options, const Inputs& in, const La
 
 }  // namespace
 
-std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const LayerProgress& progress) {
+void run_layer_bench(const LayerBenchOptions& o, const LayerProgress& progress, std::vector<LayerBenchRow>& rows) {
   const std::vector<std::string> models = o.models.empty() ? ModelPresets::names() : o.models;
-  std::vector<LayerBenchRow> rows;
   if (o.fabric == "nccl")  // the stream below must live on this rank's GPU (comet/layer.h)
     if (const std::optional<ProcessEnv> env = read_process_env())
       fabric::detail::set_local_rank_device(env->local_rank);
-  cudaStream_t stream;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const OwnedStream owned_stream;
+  const cudaStream_t stream = owned_stream.stream;
+  std::set<std::string> trace_paths;  // the trace files this run wrote (unique_trace_path)
   // Workloads: layout-major, then model, tokens per rank and routing.
   struct Workload {
     int ep, tp;
@@ -300,6 +302,10 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
   for (const Workload& w : workloads) {
     const std::string& name = w.name;
     const int tokens = w.tokens;
+    const std::string label = name + " T=" + std::to_string(tokens) + " EPxTP=" + std::to_string(w.ep) + "x" +
+                              std::to_string(w.tp) + " routing " + w.routing.describe();
+    // Named before the layer is built, so that a workload the GPU cannot hold is the one shown.
+    if (progress) progress(done, total, label);
     LayerConfig c;
     c.model = ModelPresets::get(name);
     c.layout = {w.ep * w.tp, w.ep, w.tp};
@@ -365,10 +371,7 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
             ++done;
             continue;
           }
-          if (progress)
-            progress(done, total,
-                     name + " T=" + std::to_string(tokens) + " EPxTP=" + std::to_string(w.ep) + "x" +
-                         std::to_string(w.tp) + " routing " + w.routing.describe());
+          if (progress) progress(done, total, label);
           LayerOptions fused;
           fused.link = o.link;
           fused.path = ForwardPath::kFused;
@@ -484,7 +487,8 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
               }
           }
           row.ranks_per_gpu = c.layout.world / fabric->gpus();
-          if (!o.trace_path.empty()) trace_row(layer, fused, *in, c, o, total > 1, want, row, stream);
+          if (!o.trace_path.empty())
+            trace_row(layer, fused, *in, c, o, total > 1, want, row, rows.size(), trace_paths, stream);
           // GEMM FLOP of all ranks: every (token, slot) row through the expert's F/TP slice, per TP rank.
           // The rows the plan holds (masked slots have none; each of an expert's TP ranks holds
           // a row of F/TP), as the cost model counts them: over every rank of the layer.
@@ -501,8 +505,6 @@ std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& o, const Lay
         }
   }
   if (progress) progress(done, total, "done");
-  cudaStreamDestroy(stream);
-  return rows;
 }
 
 }  // namespace comet::bench

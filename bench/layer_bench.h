@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,7 +108,12 @@ struct LayerBenchRow {
   // its unfused_gemms is not the default (unsplit too; split_within_tolerance checks the split).
   bool fused_equals_unfused = false;
   double fused_over_compute() const { return fused_us / compute_us; }
-  double fused_tflops() const { return flop / fused_us * 1e-6; }
+  // Per GPU: `flop` counts every rank, spread over world / ranks_per_gpu GPUs (one on the
+  // loopback fabric), so that the rate compares with one GPU's peak whatever the fabric.
+  double fused_tflops() const {
+    const int gpus = ranks_per_gpu > 0 && world >= ranks_per_gpu ? world / ranks_per_gpu : 1;
+    return flop / gpus / fused_us * 1e-6;
+  }
 
   // Communication and bounds (core/bench_metrics.h). The ranks of one GPU take turns on it: the
   // loopback fabric's W, the local fabric's W / GPUs, one per GPU otherwise.
@@ -161,8 +167,15 @@ struct LayerBenchRow {
 
 using LayerProgress = std::function<void(int done, int total, const std::string& what)>;
 
-std::vector<LayerBenchRow> run_layer_bench(const LayerBenchOptions& options, const LayerProgress& progress);
+// Appends one row per variant to `rows` as each finishes: a workload that throws (out of memory,
+// a layout the layer refuses, a timeout) leaves every earlier row for the caller to report.
+void run_layer_bench(const LayerBenchOptions& options, const LayerProgress& progress, std::vector<LayerBenchRow>& rows);
 void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os);
+// The trace file of a run's row `row_index`: `path`, or where an earlier row of the run wrote
+// that file already (two requested values that resolve alike, as n_comm 0 and the count it
+// resolves to, or a value listed twice), `path` with "-row<index>" before ".json". `used` holds
+// the run's paths so far and gets the one returned.
+std::string unique_trace_path(const std::string& path, size_t row_index, std::set<std::string>& used);
 std::string layer_rows_json(const std::vector<LayerBenchRow>& rows);
 
 }  // namespace comet::bench

@@ -23,7 +23,7 @@ for m in "${models[@]}"; do
   if [ "$m" = deepseek-v3 ]; then tokens=1024,4096; fi
   # shellcheck disable=SC2086  # EXTRA is a list of options
   "$comet" bench layer --models "$m" --tokens "$tokens" --ep 8 --iters "${ITERS:-20}" \
-    --warmup-ms "${WARMUP_MS:-100}" --chunks "${CHUNKS:-2,4}" ${TUNING:+--tuning "$TUNING"} ${EXTRA:-} \
+    --warmup-ms "${WARMUP_MS:-100}" ${CHUNKS:+--chunks "$CHUNKS"} ${TUNING:+--tuning "$TUNING"} ${EXTRA:-} \
     --json >"$out/$m.json" || status=$?
 done
 # A bench's failure (1: a check failed, 3: it stopped) is the exit code; the table's own

@@ -8,6 +8,7 @@
 #include "bench/layer_bench.h"
 #include "core/bench_metrics.h"
 #include "io/json_text.h"
+#include "io/trace_writers.h"
 
 namespace comet::bench {
 
@@ -132,6 +133,13 @@ void print_layer_table(const std::vector<LayerBenchRow>& rows, std::ostream& os)
          << fixed(100 * r.timeline[l].fraction(), 1, "%") << " of it during GEMM tiles";
     os << "\n";
   }
+}
+
+std::string unique_trace_path(const std::string& path, size_t row_index, std::set<std::string>& used) {
+  std::string unique = path;
+  if (used.count(unique)) unique = io::trace_path_with_suffix(path, "-row" + std::to_string(row_index));
+  used.insert(unique);
+  return unique;
 }
 
 std::string layer_rows_json(const std::vector<LayerBenchRow>& rows) {

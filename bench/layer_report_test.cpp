@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -163,6 +164,35 @@ TEST(LayerReport, SeveralRanksPerGpuTakeTurns) {
   EXPECT_DOUBLE_EQ(r.comm_link_gbps(), 400.0);  // 100 MB per rank over a 250 us turn
   const nlohmann::json j = nlohmann::json::parse(layer_rows_json({r}));
   EXPECT_EQ(j[0]["ranks_per_gpu"].get<int>(), 4);
+}
+
+// TFLOP/s is per GPU: every rank's FLOP over the GPUs the ranks span (the nccl and local rows
+// summed their GPUs: deepseek-v3 on two H200s read 1069, above one H200's peak).
+TEST(LayerReport, TflopsArePerGpu) {
+  LayerBenchRow r = row();  // nccl, W = 2, one rank per GPU
+  r.flop = 2e12;
+  r.fused_us = 1e6;
+  EXPECT_DOUBLE_EQ(r.fused_tflops(), 1.0);
+  r.fabric = "loopback";
+  r.ranks_per_gpu = 2;  // both ranks on one GPU
+  EXPECT_DOUBLE_EQ(r.fused_tflops(), 2.0);
+  r.fabric = "local";
+  r.world = r.ep = 8;
+  r.ranks_per_gpu = 4;  // two GPUs
+  EXPECT_DOUBLE_EQ(r.fused_tflops(), 1.0);
+  const nlohmann::json j = nlohmann::json::parse(layer_rows_json({r}));
+  EXPECT_DOUBLE_EQ(j[0]["fused_tflops"].get<double>(), 1.0);
+}
+
+// Rows whose names resolve alike (--n-comm0 0,32 where 0 resolves to 32) get their own files:
+// the second one was written over the first, and both rows named the one left.
+TEST(LayerReport, TracePathsOfARunAreUnique) {
+  std::set<std::string> used;
+  EXPECT_EQ(unique_trace_path("t-mixtral-n32-2.json", 0, used), "t-mixtral-n32-2.json");
+  EXPECT_EQ(unique_trace_path("t-mixtral-n64-2.json", 1, used), "t-mixtral-n64-2.json");
+  EXPECT_EQ(unique_trace_path("t-mixtral-n32-2.json", 2, used), "t-mixtral-n32-2-row2.json");
+  EXPECT_EQ(unique_trace_path("t-mixtral-n32-2.json", 3, used), "t-mixtral-n32-2-row3.json");
+  EXPECT_EQ(used.size(), 4u);
 }
 
 // The notes under the table are per workload: each one's n_comm sources (once each), default

@@ -22,7 +22,7 @@ run() {  # run NAME bench-layer-options...: rank 0's JSON (the launcher prefixes
   local name=$1
   shift
   # shellcheck disable=SC2086  # EXTRA is a list of options
-  "$comet" launch -n "$n" -- "$comet" bench layer --fabric nccl --iters "${ITERS:-20}" --chunks "${CHUNKS:-2,4}" \
+  "$comet" launch -n "$n" -- "$comet" bench layer --fabric nccl --iters "${ITERS:-20}" ${CHUNKS:+--chunks "$CHUNKS"} \
     ${EXTRA:-} --json "$@" >"$out/$name.out" 2>"$out/$name.log" || status=$?
   sed -n 's/^\[rank 0\] //p' "$out/$name.out" >"$out/$name.json"
 }

@@ -24,7 +24,7 @@ for link in "${links[@]}"; do
     ep=${layout%x*} tp=${layout#*x}
     "$comet" bench layer --models mixtral-8x7b,qwen2-moe-2.7b,phi-3.5-moe --tokens 512,1024,2048 \
       --ep "$ep" --tp "$tp" --emulate-link "$link" --iters "${ITERS:-20}" --warmup-ms "${WARMUP_MS:-100}" \
-      --chunks "${CHUNKS:-2,4}" --json >"$out/link-${link/,/-}us-ep${ep}tp${tp}.json" || status=$?
+      ${CHUNKS:+--chunks "$CHUNKS"} --json >"$out/link-${link/,/-}us-ep${ep}tp${tp}.json" || status=$?
   done
 done
 # A bench's failure (1: a check failed, 3: it stopped) is the exit code; the table's own

@@ -34,6 +34,15 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// A non-blocking stream, destroyed with the object (also when a workload throws).
+struct OwnedStream {
+  cudaStream_t stream = nullptr;
+  OwnedStream() { COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~OwnedStream() { cudaStreamDestroy(stream); }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+};
+
 // `n` CUDA events, destroyed with the object (also when a check throws).
 class Events {
  public:

@@ -112,6 +112,12 @@ CLI::Validator file_path() {
       "FILE");
 }
 
+CLI::Validator non_empty(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& input) { return trim_blanks(input).empty() ? "an empty value is not " + what : std::string(); },
+      "");
+}
+
 CLI::Validator non_negative_integer() {
   return CLI::Validator(
       [](std::string& input) {
@@ -161,7 +167,10 @@ void read_integers_as_decimal(CLI::App& app) {
   // CLI11 reads an empty value of a number option as 0 ("--mask-fraction ''" ran unmasked).
   const CLI::Validator not_empty(
       [](std::string& input) {
-        return trim_blanks(input).empty() ? std::string("an empty value is not a number") : std::string();
+        // Spaces around the value are dropped, as around an integer ("--warmup-ms '5 '" read
+        // as out of range, "--mask-fraction '0.5 '" as not a number).
+        input = trim_blanks(input);
+        return input.empty() ? std::string("an empty value is not a number") : std::string();
       },
       "");
   for (CLI::Option* option : app.get_options()) {
@@ -172,19 +181,26 @@ void read_integers_as_decimal(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) read_integers_as_decimal(*sub);
 }
 
-namespace {
-void comma_list_options(const CLI::App& app, std::vector<std::string>& names) {
-  for (const CLI::Option* option : app.get_options())
+void refuse_empty_list_items(const CLI::App& app, int argc, const char* const* argv) {
+  // The subcommand the words name (`bench layer`): only its own list options are checked, so a
+  // word that is another command's option, or a launched program's argument, is left alone.
+  const CLI::App* command = &app;
+  int first = 1;
+  for (bool descended = true; descended && first < argc;) {
+    descended = false;
+    for (const CLI::App* sub : command->get_subcommands({}))
+      if (sub->check_name(argv[first])) {
+        command = sub;
+        ++first;
+        descended = true;
+        break;
+      }
+  }
+  std::vector<std::string> names;
+  for (const CLI::Option* option : command->get_options())
     if (option->get_delimiter() == ',')
       for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
-  for (const CLI::App* sub : app.get_subcommands({})) comma_list_options(*sub, names);
-}
-}  // namespace
-
-void refuse_empty_list_items(const CLI::App& app, int argc, const char* const* argv) {
-  std::vector<std::string> names;
-  comma_list_options(app, names);
-  for (int i = 1; i < argc; ++i) {
+  for (int i = first; i < argc; ++i) {
     const std::string arg = argv[i];
     const size_t eq = arg.find('=');
     const std::string name = arg.substr(0, eq);

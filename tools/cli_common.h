@@ -112,14 +112,19 @@ CLI::Validator non_negative_integer();
 // A file path given on the command line: an empty one (`--save ""`) is refused, not read as
 // "no file".
 CLI::Validator file_path();
+// For string options whose empty value would read as "not given" (--emulate-link "" ran
+// unpaced): refused as "an empty value is not <what>".
+CLI::Validator non_empty(const std::string& what);
 // Makes every integer option of `app` and its subcommands read its value in decimal. CLI11
 // parses with base 0, so "--tp 010" was 8 and "--ep 0x8" was 8; a leading zero now reads as
 // decimal ("010" is 10, as --tokens reads it) and a 0x, 0b or 0o prefix is refused by name, as
 // is an empty value (CLI11 reads it as 0).
 void read_integers_as_decimal(CLI::App& app);
-// Throws UsageError naming the option where a comma list value of `app` (an option with
-// delimiter ',', in any subcommand) has an empty item ("--tokens 1,,2", "--models a,"): CLI11
-// drops empty items before any check sees them. argv[1..argc) as the command line has them.
+// Throws UsageError naming the option where a comma list value (an option with delimiter ',')
+// of the subcommand argv names has an empty item ("--tokens 1,,2", "--models a,"): CLI11 drops
+// empty items before any check sees them. Only that subcommand's list options are checked
+// (`comet launch -n 1 prog --tokens 1,,2` passes the program's words on as they are).
+// argv[1..argc) as the command line has them.
 void refuse_empty_list_items(const CLI::App& app, int argc, const char* const* argv);
 
 // --fabric loopback|local|nccl for the GPU commands that measure (bench layer, tune); with nccl,

@@ -7,6 +7,8 @@
 // Exit code 1 when any verification against cuBLAS's output failed, so a benchmark never
 // hides a wrong result.
 #include <algorithm>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <utility>
 #include <iostream>
@@ -20,6 +22,7 @@
 #ifdef COMET_HAVE_CUDA
 #include "bench/gemm_bench.h"
 #include "bench/layer_bench.h"
+#include "comet/layer.h"
 #include "cuda/device_info.h"
 #endif
 
@@ -65,12 +68,13 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   l->add_option("--warmup-ms", lo.warmup_ms, "warm-up before timing each workload (loopback and local; nccl warms up for a fixed number of rounds)")->check(number_range(0, 60000));
   l->add_option("--seed", lo.seed, "weights, tokens and routing seed")->check(non_negative_integer());
   l->add_option("--tuning", lo.tuning_file, "tuning table (comet tune) that n_comm 0 looks up")->check(CLI::ExistingFile);
-  l->add_option("--chunks", lo.chunks, "chunk counts of the chunked baseline, comma separated (the fastest is reported)")
+  lo.chunks_opt = l->add_option("--chunks", lo.chunks, "chunk counts of the chunked baseline, comma separated (the fastest is reported)")
       ->delimiter(',')
       ->check(CLI::Range(1, 32));
   l->add_option("--emulate-link", lo.emulate_link,
                 "GBPS[,LATENCY_US]: pace every inter-rank copy (Comet's and the baselines') to this link per rank "
-                "and direction, e.g. 450,2 (docs/link_emulation.md)");
+                "and direction, e.g. 450,2 (docs/link_emulation.md)")
+      ->check(non_empty("a link (GBPS[,LATENCY_US])"));
   l->add_flag("--no-baselines", lo.no_baselines, "leave out the sequential and chunked baselines");
   l->add_option("--unfused-gemms", lo.unfused_gemms,
                 "GEMMs of the unfused pipeline and compute-only, comma separated list swept: fused (the fused "
@@ -94,7 +98,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o, CLI::App** gemm, Ben
   l->add_flag("--json", lo.json, "JSON instead of the table");
   l->add_option("--trace", lo.trace, "after timing, one traced fused forward per row: FILE.json (Perfetto) + FILE.svg")
       ->check(file_path());
-  l->add_option("--trace-ranks", lo.trace_ranks, "ranks drawn in the SVG, comma separated (default 0; the JSON has all)")
+  lo.trace_ranks_opt = l->add_option("--trace-ranks", lo.trace_ranks, "ranks drawn in the SVG, comma separated (default 0; the JSON has all)")
       ->delimiter(',')->check(CLI::Range(0, kMaxRanks - 1));
   *layer = l;
   return bench;
@@ -134,7 +138,11 @@ void check_bench_inputs(const std::vector<std::string>& models, const std::vecto
       c.model = m;
       c.layout = {ep * tp, ep, tp};
       c.max_tokens_per_rank = max_tokens;
-      const Status s = c.validate();
+      Status s = c.validate();
+#ifdef COMET_HAVE_CUDA
+      // What the GPU layer refuses (H and F/TP multiples of 8, the plan's bounds) as well.
+      if (s) s = MoeLayer::can_implement(c);
+#endif
       if (!s)
         throw UsageError(m.name + " at EP " + std::to_string(ep) + " x TP " + std::to_string(tp) + ": " + s.reason);
     }
@@ -181,6 +189,19 @@ std::vector<std::pair<int, int>> parse_layouts(const std::vector<std::string>& t
   return out;
 }
 
+#ifdef COMET_HAVE_CUDA
+// Runs a sweep and returns what it threw (null when it finished), so that the rows it finished
+// can be printed before the error ends the command.
+std::exception_ptr run_sweep(const std::function<void()>& sweep) {
+  try {
+    sweep();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+#endif
+
 std::vector<RoutingSpec> parse_routings(const std::vector<std::string>& texts) {
   std::vector<RoutingSpec> out;
   for (const std::string& t : texts) out.push_back(parse_routing_option(t));
@@ -199,6 +220,9 @@ int bench_layer_command(const BenchLayerOptions& o) {
                          " and --layouts both set the layout (--layouts sweeps EPxTP instead of --ep/--tp); give one "
                          "or the other");
   check_trace_path(o.trace);
+  // An option that would be ignored is refused: chunk counts without the baselines.
+  if (o.chunks_opt && o.chunks_opt->count() && o.no_baselines)
+    throw UsageError("--chunks sets the chunked baseline's chunk counts; with --no-baselines it would be ignored");
   const std::vector<std::pair<int, int>> layouts = parse_layouts(o.layouts);
   const std::vector<RoutingSpec> routings = parse_routings(o.routings);
   int64_t min_world = layouts.empty() ? int64_t(o.ep) * o.tp : std::numeric_limits<int64_t>::max();
@@ -207,6 +231,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
     if (r >= min_world)
       throw UsageError("--trace-ranks: rank " + std::to_string(r) + " is not one of the W ranks (W = " +
                        std::to_string(min_world) + ")");
+  if (o.trace_ranks_opt && o.trace_ranks_opt->count() && o.trace.empty())
+    throw UsageError("--trace-ranks picks the ranks of the --trace timeline's SVG; without --trace it would be ignored");
   const LinkEmulation link = parse_emulate_link_option(o.emulate_link);
   if (link.on() && o.fabric != "loopback")
     throw UsageError("--emulate-link stands for a node of GPUs on one GPU (loopback fabric); with --fabric " + o.fabric +
@@ -272,13 +298,29 @@ int bench_layer_command(const BenchLayerOptions& o) {
               << "median of " << o.iters << " interleaved runs"
               << (o.no_baselines ? "" : ", with the sequential and chunked baselines") << "; " << link.describe() << "\n";
   ProgressBar bar(std::cerr, !quiet);
-  const auto rows = bench::run_layer_bench(lo, [&bar, &link](int done, int total, const std::string& what) {
-    bar(done, total, what + (link.on() ? "; " + link.describe() : ""));
+  std::vector<bench::LayerBenchRow> rows;
+  std::string workload;  // the one the sweep is on
+  // A workload that fails (out of memory, say) ends the sweep; the rows before it are printed
+  // first, then the error (main's `comet: error:` line, exit 3).
+  const std::exception_ptr failure = run_sweep([&] {
+    bench::run_layer_bench(
+        lo,
+        [&bar, &link, &workload](int done, int total, const std::string& what) {
+          workload = what;
+          bar(done, total, what + (link.on() ? "; " + link.describe() : ""));
+        },
+        rows);
   });
-  if (!quiet) {
+  bar.end_line();
+  if (failure && !quiet)
+    std::cerr << "comet bench layer: the sweep stopped at " << workload << " (" << rows.size()
+              << " rows finished before it" << (rows.empty() ? "" : ", printed below") << ")\n";
+  if (!quiet && (!failure || !rows.empty())) {
     if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
     else bench::print_layer_table(rows, std::cout);
+    if (failure) std::cout << std::flush;
   }
+  if (failure) std::rethrow_exception(failure);
   for (const auto& r : rows)
     if (!r.trace_path.empty())
       std::cerr << "trace: " << r.trace_path << " and " << io::trace_svg_path(r.trace_path) << " (" << r.trace_events
@@ -306,11 +348,18 @@ int bench_gemm_command(const BenchOptions& o) {
   std::cerr << "comet bench gemm: " << info.name << " (" << info.num_sms << " SMs), EP " << o.ep
             << ", uniform routing, bf16, median of " << o.iters << " interleaved runs after "
             << o.warmup_ms << " ms warm-up\n";
-  const auto rows = bench::run_gemm_bench(bo, [](int done, int total, const std::string& what) {
-    std::cerr << "[" << done << "/" << total << "] " << what << "\n";
+  std::vector<bench::GemmBenchRow> rows;
+  const std::exception_ptr failure = run_sweep([&] {
+    bench::run_gemm_bench(
+        bo, [](int done, int total, const std::string& what) { std::cerr << "[" << done << "/" << total << "] " << what << "\n"; },
+        rows);
   });
-  if (o.json) std::cout << bench::gemm_rows_json(rows) << "\n";
-  else bench::print_gemm_table(rows, std::cout);
+  if (!failure || !rows.empty()) {
+    if (o.json) std::cout << bench::gemm_rows_json(rows) << "\n";
+    else bench::print_gemm_table(rows, std::cout);
+    std::cout << std::flush;
+  }
+  if (failure) std::rethrow_exception(failure);
   for (const auto& r : rows)
     if (!r.verified) return kExitVerifyFailed;
 #endif

@@ -331,6 +331,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->group("Backend");
   cmd->add_option("--emulate-link", o.emulate_link,
                   "cuda: GBPS[,LATENCY_US], pace every inter-rank copy to this link (docs/link_emulation.md)")
+      ->check(non_empty("a link (GBPS[,LATENCY_US])"))
       ->group("Backend");
   cmd->add_option("--cpu-budget-gflop", o.cpu_budget_gflop,
                   "cpu: scale the workload down until one forward is at most this much work "

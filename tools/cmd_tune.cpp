@@ -88,7 +88,8 @@ int tune_command(const TuneOptions& o) {
               << o.dispatch_orders.size() << " layer0 modes x " << o.layer1_combine.size()
               << " layer1 combines per workload, median of " << o.iters << "\n";
   ProgressBar bar(std::cerr, !quiet);
-  const auto rows = bench::run_layer_bench(lo, [&bar](int done, int total, const std::string& what) { bar(done, total, what); });
+  std::vector<bench::LayerBenchRow> rows;
+  bench::run_layer_bench(lo, [&bar](int done, int total, const std::string& what) { bar(done, total, what); }, rows);
 
   std::vector<TuneSample> samples;
   for (const auto& r : rows) {

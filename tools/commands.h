@@ -81,6 +81,7 @@ struct BenchLayerOptions {
   double warmup_ms = 300;
   uint64_t seed = 1;
   std::vector<int> chunks{2, 4};  // chunked baseline: the fastest of these chunk counts
+  CLI::Option* chunks_opt = nullptr;  // refused beside --no-baselines rather than ignored
   std::string emulate_link;       // GBPS[,LATENCY_US] (comet/link_emulation.h); empty: off
   bool no_baselines = false;
   std::vector<std::string> dispatch_orders{"auto"};  // each auto | ring | rows (LayerOptions::dispatch_order), swept
@@ -93,6 +94,7 @@ struct BenchLayerOptions {
   std::string fabric = "loopback";  // loopback, local or nccl (bench/layer_bench.h)
   std::string trace;                // timeline of one traced fused forward per row (FILE.json + FILE.svg)
   std::vector<int> trace_ranks{0};  // ranks drawn in the SVG
+  CLI::Option* trace_ranks_opt = nullptr;  // refused without --trace rather than ignored
 };
 // --emulate-link's value (empty: off); UsageError naming the option for a bad one.
 LinkEmulation parse_emulate_link_option(const std::string& value);

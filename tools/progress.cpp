@@ -29,8 +29,11 @@ void ProgressBar::operator()(int done, int total, const std::string& what) {
   line_open_ = done < total;
 }
 
-ProgressBar::~ProgressBar() {
+ProgressBar::~ProgressBar() { end_line(); }
+
+void ProgressBar::end_line() {
   if (line_open_) os_ << "\n" << std::flush;
+  line_open_ = false;
 }
 
 }  // namespace comet::tools

@@ -25,6 +25,8 @@ class ProgressBar {
   ProgressBar& operator=(const ProgressBar&) = delete;
   // The run_layer_bench progress callback: redraws the bar; a newline once done == total.
   void operator()(int done, int total, const std::string& what);
+  // Ends a line left open (before a sweep that stopped prints the rows it finished).
+  void end_line();
 
  private:
   std::ostream& os_;
