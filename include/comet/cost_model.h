@@ -48,7 +48,8 @@ struct LayerCost {
 
 // Bytes rank src sends to rank dst in one forward (dispatch src->dst plus the combine rows
 // dst->src travel the other way; this counts src->dst only). Zero for src == dst. Throws
-// comet::Error unless config is the plan's layer (check_plan_layer) and src, dst are in [0, W).
+// comet::Error unless config has the plan's layout and experts (check_plan_layer: W, TP, E, E/EP,
+// topk; the bytes are config's H) and src, dst are in [0, W).
 // layer_cost and total_link_bytes check the layer the same way.
 double link_bytes(const LayerConfig& config, const DispatchPlan& plan, int src, int dst);
 
@@ -61,9 +62,12 @@ LayerCost layer_cost(const LayerConfig& config, const DispatchPlan& plan, const 
 double total_link_bytes(const LayerConfig& config, const DispatchPlan& plan);
 
 // The same bound for `tokens_per_rank` tokens on every rank under uniform routing, in
-// expectation (no plan needed): a rank receives T * topk / EP rows from each rank, and a token
-// reaches a given EP group (each of its TP ranks) unless all its topk distinct experts miss it.
-// Every rank costs the same, so serial_lower_bound_us = W * lower_bound_us.
+// expectation (no plan needed): an EP group receives its routed experts' share of every rank's
+// T * topk rows (E / EP of the R routed experts: 1/EP without padding experts; a group of
+// padding experts none), and a token reaches a given EP group (each of its TP ranks) unless all
+// its topk distinct experts miss the group's routed ones. serial_lower_bound_us sums the ranks'
+// bounds (W * lower_bound_us without padding). Throws comet::Error for a config validate()
+// refuses or a negative token count.
 LayerCost expected_layer_cost(const LayerConfig& config, int tokens_per_rank, const GpuSpec& gpu);
 
 }  // namespace comet

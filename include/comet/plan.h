@@ -40,6 +40,8 @@ class DispatchPlan {
   DispatchPlan(const LayerConfig& config, const std::vector<Routing>& routing);
 
   int world() const { return world_; }
+  int tp() const { return tp_; }
+  int num_experts() const { return num_experts_; }
   int experts_per_rank() const { return experts_per_rank_; }
   int topk() const { return topk_; }
   int num_tokens(int rank) const { return num_tokens_[rank]; }
@@ -97,7 +99,9 @@ class DispatchPlan {
 };
 
 // Throws comet::Error, naming `what` and both sides, unless `config` has the plan's world size,
-// experts per rank and topk: code that takes both indexes the plan with the config's sizes.
+// TP, experts (all and per rank) and topk: code that takes both indexes the plan with the
+// config's sizes, and reads its rows as the config's layer holds them. H and F are not the
+// plan's (its rows are the same for any), so the cost functions take them from `config`.
 void check_plan_layer(const LayerConfig& config, const DispatchPlan& plan, const char* what);
 
 // One M tile of a local expert: rows [row_begin, row_end) of the rank's A buffer.

@@ -73,7 +73,7 @@ class Rng {
   uint64_t next_u64();
   double uniform();         // [0, 1)
   double normal();          // N(0, 1), Box-Muller
-  int uniform_int(int n);   // [0, n)
+  int uniform_int(int n);   // [0, n); throws comet::Error for n < 1
  private:
   uint64_t state_;
 };

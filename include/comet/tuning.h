@@ -44,8 +44,10 @@ struct TuningKey {
 
 TuningKey tuning_key(const LayerConfig& config, const std::string& gpu, int num_sms, int tokens_per_rank, int gpus = 1);
 
-// `text` with each byte that does not belong to a well-formed UTF-8 sequence (RFC 3629: no
-// overlong forms, surrogates or code points past U+10FFFF) replaced by U+FFFD.
+// `text` with what is not well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code
+// points past U+10FFFF) replaced by U+FFFD: one per maximal ill-formed subpart (a sequence cut
+// short or broken after a valid prefix is one; a byte that cannot begin a sequence is one), as
+// nlohmann's writer (io::json_text) replaces them.
 std::string valid_utf8(const std::string& text);
 
 struct TuningEntry {

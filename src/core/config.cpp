@@ -130,6 +130,14 @@ Status LayerConfig::validate() const {
     return fail("the buffers of one rank would hold " + std::to_string(max_rows_per_rank()) + " rows, " +
                 std::to_string(tile_count0) + " layer0 tiles and " + std::to_string(tile_count) +
                 " layer1 tiles; each must be at most 2^31 - 1 (fewer tokens or larger tiles)");
+  // The dispatch's send lists (every (source, destination) pair's tokens, one prefix sum over
+  // all of them) are int32 too: a token goes to at most min(topk, EP) EP groups, each of whose
+  // TP ranks gets it.
+  const int64_t send_entries =
+      int64_t(l.world) * max_tokens_per_rank * std::min(m.topk, l.ep) * int64_t(l.tp);
+  if (send_entries > (int64_t(1) << 31) - 1)
+    return fail("the dispatch's send lists would hold up to " + std::to_string(send_entries) +
+                " entries (W x T_max x min(topk, EP) x TP); at most 2^31 - 1 (fewer tokens per rank)");
   return Status::success();
 }
 

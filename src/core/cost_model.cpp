@@ -116,23 +116,36 @@ double total_link_bytes(const LayerConfig& config, const DispatchPlan& plan) {
 }
 
 LayerCost expected_layer_cost(const LayerConfig& config, int tokens_per_rank, const GpuSpec& gpu) {
-  const double W = config.layout.world, EP = config.layout.ep, TP = config.layout.tp;
-  const double T = tokens_per_rank, K = config.model.topk;
+  const Status valid = config.validate();
+  COMET_CHECK(valid, "expected_layer_cost: " << valid.reason);
+  COMET_CHECK(tokens_per_rank >= 0, "expected_layer_cost: tokens_per_rank " << tokens_per_rank << " is negative");
+  const int EP = config.layout.ep, TP = config.layout.tp;
+  const double W = config.layout.world, T = tokens_per_rank, K = config.model.topk;
   const double row_bytes = double(config.model.hidden) * dtype_bytes(config.dtype);
+  const double flops_per_row = double(config.model.flops_per_row()) / TP;
+  // Routing draws from the routed experts only, ids [0, R): the padding experts after them (a
+  // preset padded so that EP divides E) get no rows, so an EP group's share of the rows is its
+  // routed experts' share, not 1/EP, and the groups at the end may hold fewer or none.
+  const int R = config.model.routed_experts(), per_group = config.experts_per_rank();
   LayerCost c;
-  c.flops_max_rank = W * T * K / EP * double(config.model.flops_per_row()) / TP;
-  // Tokens a rank sends to one other rank (dispatch), and receives back as partials (combine).
-  // A token draws topk distinct experts: it misses a group of E/EP experts with probability
-  // prod_i (E - E/EP - i) / (E - i) (sampling without replacement).
-  const double E = config.model.routed_experts(), group = config.experts_per_rank();
-  double p_miss = 1.0;
-  for (int i = 0; i < config.model.topk; ++i) p_miss *= std::max(0.0, (E - group - i) / (E - i));
-  const double p_group = 1.0 - p_miss;
-  const double per_peer = T * p_group;
-  c.link_bytes_max_rank = 2.0 * per_peer * (W - 1) * row_bytes;  // dispatch out + combine out
   c.weight_bytes_per_rank = weight_bytes_per_rank(config);
+  const double t_weights_us = hbm_us(c.weight_bytes_per_rank, gpu);
+  for (int g = 0; g < EP; ++g) {
+    const int routed = std::clamp(R - g * per_group, 0, per_group);
+    // Every rank's T * topk rows spread over the R experts; each of the group's TP ranks holds
+    // its rows (an F/TP slice each).
+    const double flops = W * T * K * routed / R * flops_per_row;
+    // Tokens a rank sends to one rank of the group (dispatch), and receives back as partials
+    // (combine): a token draws topk distinct experts and misses the group's `routed` with
+    // probability prod_i (R - routed - i) / (R - i) (sampling without replacement).
+    double p_miss = 1.0;
+    for (int i = 0; i < config.model.topk; ++i) p_miss *= std::max(0.0, double(R - routed - i) / (R - i));
+    const double link = 2.0 * T * (1.0 - p_miss) * (W - 1) * row_bytes;  // dispatch out + combine out
+    c.flops_max_rank = std::max(c.flops_max_rank, flops);
+    c.link_bytes_max_rank = std::max(c.link_bytes_max_rank, link);
+    c.serial_lower_bound_us += TP * std::max({compute_us(flops, gpu), link_us(link, gpu), t_weights_us});
+  }
   finish_cost(c, gpu);
-  c.serial_lower_bound_us = W * c.lower_bound_us;
   return c;
 }
 

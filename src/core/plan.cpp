@@ -118,11 +118,14 @@ void DispatchPlan::rows_of_sent_token(int src, int dst, int pos, std::vector<int
 }
 
 void check_plan_layer(const LayerConfig& config, const DispatchPlan& plan, const char* what) {
-  COMET_CHECK(config.layout.world == plan.world() && config.experts_per_rank() == plan.experts_per_rank() &&
+  COMET_CHECK(config.layout.world == plan.world() && config.layout.tp == plan.tp() &&
+                  config.model.num_experts == plan.num_experts() && config.experts_per_rank() == plan.experts_per_rank() &&
                   config.model.topk == plan.topk(),
-              what << ": the config (W=" << config.layout.world << ", E/EP=" << config.experts_per_rank()
-                   << ", topk=" << config.model.topk << ") is not the plan's (W=" << plan.world()
-                   << ", E/EP=" << plan.experts_per_rank() << ", topk=" << plan.topk() << ")");
+              what << ": the config (W=" << config.layout.world << ", TP=" << config.layout.tp
+                   << ", E=" << config.model.num_experts << ", E/EP=" << config.experts_per_rank()
+                   << ", topk=" << config.model.topk << ") is not the plan's (W=" << plan.world() << ", TP="
+                   << plan.tp() << ", E=" << plan.num_experts() << ", E/EP=" << plan.experts_per_rank()
+                   << ", topk=" << plan.topk() << ")");
 }
 
 int64_t DispatchPlan::total_rows() const {

@@ -38,7 +38,10 @@ double Rng::normal() {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
-int Rng::uniform_int(int n) { return int(next_u64() % uint64_t(n)); }
+int Rng::uniform_int(int n) {
+  COMET_CHECK(n >= 1, "Rng::uniform_int: n = " << n << " leaves no value in [0, n)");
+  return int(next_u64() % uint64_t(n));
+}
 
 uint64_t derive_seed(uint64_t seed, uint64_t stream) {
   Rng rng(seed ^ (0xd1b54a32d192ed03ull * (stream + 1)));

@@ -52,18 +52,22 @@ std::string valid_utf8(const std::string& text) {
     else if (lead == 0xf0) length = 4, low = 0x90;
     else if (lead >= 0xf1 && lead <= 0xf3) length = 4;
     else if (lead == 0xf4) length = 4, high = 0x8f;
-    bool ok = length > 0 && i + size_t(length) <= text.size();
-    for (int k = 1; ok && k < length; ++k) {
-      const unsigned char b = byte(i + size_t(k));
-      ok = k == 1 ? (b >= low && b <= high) : (b >= 0x80 && b <= 0xbf);
+    // The bytes that begin a well-formed sequence: all `length` of them, or the maximal subpart
+    // of one cut short or broken (a lead byte and the continuation bytes valid so far), which
+    // becomes one U+FFFD as nlohmann's writer makes it (Unicode's recommended practice); a byte
+    // that cannot begin a sequence becomes one U+FFFD of its own.
+    size_t valid = length > 0 ? 1 : 0;
+    while (valid > 0 && valid < size_t(length) && i + valid < text.size()) {
+      const unsigned char b = byte(i + valid);
+      if (!(valid == 1 ? (b >= low && b <= high) : (b >= 0x80 && b <= 0xbf))) break;
+      ++valid;
     }
-    if (ok) {
-      out.append(text, i, size_t(length));
-      i += size_t(length);
+    if (length > 0 && valid == size_t(length)) {
+      out.append(text, i, valid);
     } else {
       out += kReplacement;
-      ++i;
     }
+    i += std::max<size_t>(valid, 1);
   }
   return out;
 }

@@ -345,6 +345,20 @@ TEST(LayerConfig, RefusesTilesAndRowCountsBeyondInt32) {
   EXPECT_FALSE(c.validate().ok);
   EXPECT_NE(c.validate().reason.find("2^31"), std::string::npos) << c.validate().reason;
   EXPECT_THROW(c.check(), Error);
+  // Rows per rank within int32 while the send lists of all pairs are not: W = EP = 64, one
+  // expert per rank, topk 8, 2^25 - 2 tokens per rank (64 x 33554430 x 8 entries).
+  c = small_config();
+  c.model.num_experts = 64;
+  c.model.topk = 8;
+  c.layout = {64, 64, 1};
+  c.max_tokens_per_rank = (1 << 25) - 2;
+  c.tiles = {64, 1 << 16, 1 << 16};  // one column block: the tile counts fit too
+  ASSERT_LE(c.max_rows_per_rank(), (int64_t(1) << 31) - 1);
+  EXPECT_FALSE(c.validate().ok);
+  EXPECT_NE(c.validate().reason.find("send lists would hold up to 17179868160 entries"), std::string::npos)
+      << c.validate().reason;
+  c.max_tokens_per_rank = 1 << 16;  // 2^25 entries
+  EXPECT_TRUE(c.validate().ok) << c.validate().reason;
 }
 
 // H and F up to kMaxModelDim validate; beyond it (where int32 sums such as H + block_n1 - 1

@@ -570,6 +570,9 @@ TEST(Rng, DeterministicAndInRange) {
   for (int h : hits) EXPECT_NEAR(h, n / 7.0, n / 7.0 * 0.1);
   EXPECT_NEAR(sum / n, 0.0, 0.05);
   EXPECT_NEAR(sum2 / n, 1.0, 0.05);
+  // An empty range is refused (n = 0 divided by zero, a negative n gave values outside it).
+  EXPECT_EQ(r.uniform_int(1), 0);
+  for (int bad : {0, -5}) EXPECT_TRUE(throws_with<Error>([&] { r.uniform_int(bad); }, {"uniform_int", "no value"}));
 }
 
 TEST(Rng, DerivedSeedsAreDistinct) {
