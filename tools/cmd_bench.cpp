@@ -314,7 +314,8 @@ int bench_layer_command(const BenchLayerOptions& o) {
   bar.end_line();
   if (failure && !quiet)
     std::cerr << "comet bench layer: the sweep stopped at " << workload << " (" << rows.size()
-              << " rows finished before it" << (rows.empty() ? "" : ", printed below") << ")\n";
+              << (rows.size() == 1 ? " row" : " rows") << " finished before it"
+              << (rows.empty() ? "" : ", printed below") << ")\n";
   if (!quiet && (!failure || !rows.empty())) {
     if (o.json) std::cout << bench::layer_rows_json(rows) << "\n";
     else bench::print_layer_table(rows, std::cout);
