@@ -321,11 +321,11 @@ int bench_layer_command(const BenchLayerOptions& o) {
     else bench::print_layer_table(rows, std::cout);
     if (failure) std::cout << std::flush;
   }
-  if (failure) std::rethrow_exception(failure);
   for (const auto& r : rows)
     if (!r.trace_path.empty())
       std::cerr << "trace: " << r.trace_path << " and " << io::trace_svg_path(r.trace_path) << " (" << r.trace_events
                 << " events" << (r.trace_dropped > 0 ? ", " + std::to_string(r.trace_dropped) + " dropped" : "") << ")\n";
+  if (failure) std::rethrow_exception(failure);
   for (const auto& r : rows)
     if (!r.verified()) return kExitVerifyFailed;
 #endif
