@@ -25,6 +25,7 @@
 
 #include "comet/error.h"
 #include "core/process_env.h"
+#include "core/replace_file.h"
 #include "io/trace_writers.h"
 #include "io/tuning_json.h"
 
@@ -106,17 +107,13 @@ CLI::Validator number_range(double min, double max) {
       "NUMBER in [" + range + "]");
 }
 
-CLI::Validator file_path() {
+CLI::Validator non_empty(const std::string& what, const std::string& type_name) {
   return CLI::Validator(
-      [](std::string& input) { return input.empty() ? std::string("an empty value is not a file path") : std::string(); },
-      "FILE");
+      [what](std::string& input) { return input.empty() ? "an empty value is not " + what : std::string(); },
+      type_name);
 }
 
-CLI::Validator non_empty(const std::string& what) {
-  return CLI::Validator(
-      [what](std::string& input) { return trim_blanks(input).empty() ? "an empty value is not " + what : std::string(); },
-      "");
-}
+CLI::Validator file_path() { return non_empty("a file path", "FILE"); }
 
 CLI::Validator non_negative_integer() {
   return CLI::Validator(
@@ -312,6 +309,7 @@ void check_output_path(const std::string& path, const std::string& option) {
 }
 
 void check_replaceable_output(const std::string& path, const std::string& option) {
+  if (!replaced_by_rename(path)) return;  // a device: replace_file writes it in place
   const std::string tmp = path + ".tmp";
   // A file already there (a writer that was killed left it) is the writer's to replace, not
   // this check's to remove.

@@ -84,10 +84,11 @@ std::string one_line(const std::string& text);
 // another reason than a missing file (a name too long, a loop of symbolic links) is refused
 // with the system's reason. UsageError naming the option and the path. An empty path is no file.
 void check_output_path(const std::string& path, const std::string& option);
-// An output that is written to `path`.tmp and then renamed over `path` (tune --out,
-// io::save_tuning_table): `path`.tmp must be creatable now, so that a sweep of minutes does not
-// end in a write that fails. UsageError naming the option, the file and the reason otherwise;
-// leaves nothing behind that was not there.
+// An output that replace_file writes to `path`.tmp and then renames over `path` (tune --out,
+// run --save): `path`.tmp must be creatable now, so that a sweep of minutes does not end in a
+// write that fails. UsageError naming the option, the file and the reason otherwise; leaves
+// nothing behind that was not there. Nothing to check for a device (/dev/null), which
+// replace_file writes in place.
 void check_replaceable_output(const std::string& path, const std::string& option);
 // The tuning table at `path` that `option` names (bench layer --tuning, an existing tune
 // --out): one that cannot be read or is malformed is bad input, a UsageError naming the option.
@@ -113,8 +114,8 @@ CLI::Validator non_negative_integer();
 // "no file".
 CLI::Validator file_path();
 // For string options whose empty value would read as "not given" (--emulate-link "" ran
-// unpaced): refused as "an empty value is not <what>".
-CLI::Validator non_empty(const std::string& what);
+// unpaced): refused as "an empty value is not <what>"; `type_name` is the help's.
+CLI::Validator non_empty(const std::string& what, const std::string& type_name = "");
 // Makes every integer option of `app` and its subcommands read its value in decimal. CLI11
 // parses with base 0, so "--tp 010" was 8 and "--ep 0x8" was 8; a leading zero now reads as
 // decimal ("010" is 10, as --tokens reads it) and a 0x, 0b or 0o prefix is refused by name, as

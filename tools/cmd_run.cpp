@@ -25,7 +25,6 @@
 #include "core/process_env.h"
 #include "ref/oracle.h"
 #include "io/json_text.h"
-#include "io/replace_file.h"
 #include "io/trace_writers.h"
 #include "ref/ref_backend.h"
 #ifdef COMET_HAVE_CUDA
@@ -443,9 +442,9 @@ int run_command(const RunOptions& o) {
   if (!save.empty() && o.fabric == "nccl")
     throw UsageError("--save writes every rank's output; with --fabric nccl a process holds only its own rank's");
   check_output_path(save, "--save");
-  // The file is written beside it and renamed over it (io::replace_file): refused now where that
+  // The file is written beside it and renamed over it (replace_file): refused now where that
   // temporary cannot be created, not after the run.
-  if (!save.empty() && io::replaced_by_rename(save)) check_replaceable_output(save, "--save");
+  if (!save.empty()) check_replaceable_output(save, "--save");
   // One file written twice would keep only the last writer's content.
   if (!save.empty() && !o.trace.empty())
     for (const std::string& written : {r.trace_path, io::trace_svg_path(r.trace_path)})

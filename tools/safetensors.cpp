@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "comet/error.h"
+#include "core/replace_file.h"
 #include "io/json_text.h"
-#include "io/replace_file.h"
 
 namespace comet::tools {
 namespace {
@@ -184,7 +184,7 @@ int64_t SafetensorsWriter::data_bytes() const {
 
 void SafetensorsWriter::write(const std::string& path) const {
   const std::string head = header();
-  io::replace_file(path, "safetensors file", [&](std::ostream& out) {
+  replace_file(path, "safetensors file", [&](std::ostream& out) {
     const uint64_t n = head.size();
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));

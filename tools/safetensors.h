@@ -61,7 +61,7 @@ class SafetensorsWriter {
   // The header JSON exactly as written (without the 8-byte length), padded to 8 bytes.
   std::string header() const;
   int64_t data_bytes() const;
-  // Through io::replace_file: a file that cannot be written completely throws comet::Error naming
+  // Through replace_file: a file that cannot be written completely throws comet::Error naming
   // the path and leaves the old file as it was.
   void write(const std::string& path) const;
 

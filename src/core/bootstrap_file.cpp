@@ -1,9 +1,7 @@
 // Publishing and reading the bootstrap file (core/bootstrap_file.h).
 #include "core/bootstrap_file.h"
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,6 +10,7 @@
 #include <thread>
 
 #include "comet/error.h"
+#include "core/replace_file.h"
 
 namespace comet {
 
@@ -40,26 +39,10 @@ void publish_bootstrap_file(const std::string& path, const std::string& payload)
   std::error_code ec;
   COMET_CHECK(fs::is_directory(dir, ec),
               "bootstrap file " << path << ": directory " << dir.string() << " does not exist");
-  const std::string temp = path + temp_suffix();
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    COMET_CHECK(out.is_open(), "bootstrap file " << path << ": cannot create " << temp << " ("
-                                                 << std::strerror(errno) << ")");
+  replace_file(path, "bootstrap file", [&](std::ostream& out) {
     out.write(kHeader, kHeaderBytes);
     out.write(payload.data(), std::streamsize(payload.size()));
-    out.close();
-    if (!out) {
-      fs::remove(temp, ec);
-      COMET_CHECK(false, "bootstrap file " << path << ": writing " << temp << " failed (disk full?)");
-    }
-  }
-  fs::rename(temp, target, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(temp, ignored);
-    COMET_CHECK(false, "bootstrap file " << path << ": cannot move " << temp << " into place (" << ec.message()
-                                         << ")");
-  }
+  }, temp_suffix());
 }
 
 std::string wait_bootstrap_file(const std::string& path, size_t payload_bytes, double timeout_s) {

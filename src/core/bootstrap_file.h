@@ -2,8 +2,9 @@
 // processes of a run through a file every rank can reach (docs/fabric.md).
 //
 // Format: the line "comet-bootstrap 1\n", then the payload bytes. Rank 0 writes a temporary
-// file next to the target and renames it into place, so a reader sees all of it or nothing
-// (rename is atomic within one file system; the temporary lives in the same directory).
+// file next to the target and renames it into place (replace_file), so a reader sees all of it
+// or nothing (rename is atomic within one file system; the temporary lives in the same
+// directory).
 // Readers poll until the file appears, with a timeout: a missing rank 0 never hangs them.
 //
 // Pitfall: a file left behind by an earlier run with the same path would be read as this

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/replace_file.h"
 #include "io/json_text.h"
-#include "io/replace_file.h"
 
 namespace comet::io {
 

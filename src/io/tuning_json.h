@@ -33,7 +33,7 @@ std::string tuning_table_json(const TuningTable& table);
 // key that appears twice in one object, an entry of the same workload as an earlier one.
 TuningTable parse_tuning_table(const std::string& text, const std::string& origin = "<text>");
 TuningTable load_tuning_table(const std::string& path);
-// Through io::replace_file (`path`.tmp renamed over `path`): a failed write leaves the old
+// Through replace_file (`path`.tmp renamed over `path`): a failed write leaves the old
 // table whole.
 void save_tuning_table(const TuningTable& table, const std::string& path);
 

@@ -1,13 +1,15 @@
-// Output files replaced whole (tuning tables, saved runs).
-#include "io/replace_file.h"
+// Files replaced whole (core/replace_file.h).
+#include "core/replace_file.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
 
 #include "comet/error.h"
 
-namespace comet::io {
+namespace comet {
 
 bool replaced_by_rename(const std::string& path) {
   std::error_code ec;
@@ -16,14 +18,13 @@ bool replaced_by_rename(const std::string& path) {
          !std::filesystem::is_fifo(status) && !std::filesystem::is_socket(status);
 }
 
-void replace_file(const std::string& path, const std::string& what, const std::function<void(std::ostream&)>& write) {
+void replace_file(const std::string& path, const std::string& what, const std::function<void(std::ostream&)>& write,
+                  const std::string& temp_suffix) {
   const bool by_rename = replaced_by_rename(path);
-  const std::string target = by_rename ? path + ".tmp" : path;
+  const std::string target = by_rename ? path + temp_suffix : path;
   std::error_code ec;
   std::ofstream out(target, std::ios::binary | std::ios::trunc);
-  if (!out.good()) {
-    throw Error(what + " " + path + ": cannot be written (cannot create " + target + ")");
-  }
+  if (!out.good()) throw Error(what + " " + path + ": cannot be written (cannot create " + target + ": " + std::strerror(errno) + ")");
   write(out);
   out.close();
   if (!out) {
@@ -42,4 +43,4 @@ void replace_file(const std::string& path, const std::string& what, const std::f
   }
 }
 
-}  // namespace comet::io
+}  // namespace comet
