@@ -339,8 +339,12 @@ void check_trace_path(const std::string& path, const std::string& written) {
     throw UsageError("--trace: \"" + path + "\" ends in .svg; give the JSON path, FILE.json (the picture is written " +
                      "beside it as FILE.svg)");
   const std::string& json = written.empty() ? path : written;
-  check_output_path(json, "--trace");
-  check_output_path(io::trace_svg_path(json), "--trace");
+  // Both files are written beside themselves and renamed over (io::write_trace_files): a
+  // temporary file that cannot be created is refused now, not after the traced run.
+  for (const std::string& file : {json, io::trace_svg_path(json)}) {
+    check_output_path(file, "--trace");
+    check_replaceable_output(file, "--trace");
+  }
 }
 
 bool same_file(const std::string& a, const std::string& b) {

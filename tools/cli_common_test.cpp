@@ -114,6 +114,26 @@ TEST(CliCommon, TracePathRefusesAnSvgNameAndChecksTheSvgBesideIt) {
   EXPECT_NO_THROW(check_trace_path("t.json"));
 }
 
+// The trace's two files are written as FILE.tmp and renamed: a temporary file that cannot be
+// created (a directory of that name, as in the test below) is refused before the run, for the
+// picture as for the JSON.
+TEST(CliCommon, TracePathNeedsBothTemporaryFiles) {
+  const ScratchDir dir;
+  const std::string json = dir / "t.json";
+  EXPECT_NO_THROW(check_trace_path(json));
+  EXPECT_FALSE(fs::exists(json + ".tmp"));
+  for (const std::string& blocked : {json + ".tmp", dir / "t.svg.tmp"}) {
+    fs::create_directory(blocked);
+    try {
+      check_trace_path(json);
+      ADD_FAILURE() << "a directory " << blocked << " was not refused";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--trace: cannot create \"" + blocked + "\""), std::string::npos) << e.what();
+    }
+    fs::remove(blocked);
+  }
+}
+
 // A look-up that fails for another reason than a missing file is refused by option, path and
 // reason: a name longer than a file system takes (255 bytes) and a loop of symbolic links, both
 // as the file and as its directory.

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -11,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comet/error.h"
+#include "core/replace_file.h"
 #include "io/json_text.h"
 
 namespace comet {
@@ -368,16 +368,11 @@ std::string trace_path_with_suffix(const std::string& json_path, const std::stri
 std::string trace_rank_suffix(int rank) { return "-rank" + std::to_string(rank); }
 
 void write_trace_files(const Trace& trace, const std::string& json_path, const TimelineOptions& svg) {
+  // Each file replaces the old one whole: a failed write (disk full, a file size limit) leaves
+  // the previous trace, not half of a new one that a viewer would refuse.
   for (const auto& [path, text] :
-       {std::pair{json_path, chrome_trace_json(trace)}, {trace_svg_path(json_path), timeline_svg(trace, svg)}}) {
-    std::ofstream out(path);
-    COMET_CHECK(out.good(), "trace: cannot write " << path);
-    out << text;
-    // Checked after close(): until then the last bytes may still be in the stream's buffer, and
-    // a failure to write them (disk full, a file size limit) would go unnoticed.
-    out.close();
-    COMET_CHECK(out.good(), "trace: write to " << path << " failed");
-  }
+       {std::pair{json_path, chrome_trace_json(trace)}, {trace_svg_path(json_path), timeline_svg(trace, svg)}})
+    replace_file(path, "trace", [&](std::ostream& out) { out << text; });
 }
 
 }  // namespace io

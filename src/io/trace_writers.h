@@ -33,7 +33,9 @@ struct TimelineStats {
 
 std::string chrome_trace_json(const Trace& trace);
 std::string timeline_svg(const Trace& trace, const TimelineOptions& options = {}, TimelineStats* stats = nullptr);
-// Writes json_path (JSON) and json_path with ".svg" replacing a ".json" suffix (or appended).
+// Writes json_path (JSON) and json_path with ".svg" replacing a ".json" suffix (or appended),
+// each replacing its old file whole (core/replace_file.h); throws "trace PATH: ..." when one
+// cannot be written.
 void write_trace_files(const Trace& trace, const std::string& json_path, const TimelineOptions& svg = {});
 // The SVG path write_trace_files uses for json_path.
 std::string trace_svg_path(const std::string& json_path);

@@ -133,13 +133,24 @@ TEST(Trace, TracePathWithSuffixNamesEachRanksFile) {
 }
 
 // A trace that cannot be written completely (here a file size limit, as a full disk) is reported,
-// even when it is small enough to sit in the stream's buffer until the file is closed.
-TEST(Trace, WriteTraceFilesReportsAFailedWrite) {
+// even when it is small enough to sit in the stream's buffer until the file is closed, and the
+// previous trace files stay whole.
+TEST(Trace, WriteTraceFilesReportsAFailedWriteAndKeepsTheOldFiles) {
   Trace t;
   t.title = "t";
   t.world = t.comm_lanes = t.compute_lanes = 1;
   t.events = {make_trace_event(0, 0, 0, TraceKind::kCommChunk, 0, 0, 10)};
   const std::string path = ::testing::TempDir() + "comet_trace_limit_test.json";
+  io::write_trace_files(t, path);
+  const auto read = [](const std::string& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::string old_json = read(path), old_svg = read(io::trace_svg_path(path));
+  ASSERT_GT(old_json.size(), 16u);
+  t.title = "a longer title than the old trace's";
   std::string message;
   const bool threw = [&] {
     const test::FileSizeLimit limit(16);
@@ -152,8 +163,12 @@ TEST(Trace, WriteTraceFilesReportsAFailedWrite) {
     return false;
   }();
   EXPECT_TRUE(threw);
-  EXPECT_NE(message.find("write to " + path + " failed"), std::string::npos) << message;
+  EXPECT_NE(message.find("trace " + path + ": write failed"), std::string::npos) << message;
+  EXPECT_EQ(read(path), old_json);
+  EXPECT_EQ(read(io::trace_svg_path(path)), old_svg);
+  EXPECT_FALSE(std::ifstream(path + ".tmp").good()) << "the temporary file is left behind";
   std::remove(path.c_str());
+  std::remove(io::trace_svg_path(path).c_str());
 }
 
 }  // namespace
