@@ -6,7 +6,9 @@
 //   construct  version check -> GPU LOCAL_RANK -> bootstrap file (rank 0 writes the unique id,
 //              the others wait for it) -> ncclCommInitRankConfig (non-blocking, polled with the
 //              fabric timeout) -> rank 0 removes the file -> LSA team must span all ranks
-//   allocate   sizes agreed (one allreduce) -> ncclMemAlloc + zero -> ncclCommWindowRegister
+//   allocate   sizes agreed (one allreduce) -> ncclMemAlloc + zero -> every rank's success
+//              agreed (one allreduce; a failure on any rank fails every rank, naming it) ->
+//              ncclCommWindowRegister
 //              (NCCL_WIN_COLL_SYMMETRIC; collective, ends in NCCL's own barrier) -> peer table
 //              filled on the device with ncclGetPeerPointer -> barrier
 //   destroy    device sync + barrier -> table, window, memory -> ncclCommFinalize + Destroy;
@@ -145,11 +147,21 @@ class NcclFabric final : public Fabric {
     // Only now the old heap goes: a refused size leaves it (and the layers on it) as they were.
     release();
 
-    // 2. Memory NCCL can map for its peers (CUDA VMM), zeroed before anyone can see it.
+    // 2. Memory NCCL can map for its peers (CUDA VMM), zeroed before anyone can see it. A
+    //    rank that fails here still meets the others (2b) before it throws.
     window_bytes_ = round_up(std::max<int64_t>(want, 1), kWindowAlign);
-    check_nccl(ncclMemAlloc(&heap_, size_t(window_bytes_)), "ncclMemAlloc");
-    COMET_CUDA_CHECK(cudaMemsetAsync(heap_, 0, window_bytes_, stream_));
-    wait_stream(stream_, "zeroing the heap");
+    std::string local_failure;
+    try {
+      check_nccl(ncclMemAlloc(&heap_, size_t(window_bytes_)), "ncclMemAlloc");
+      COMET_CUDA_CHECK(cudaMemsetAsync(heap_, 0, window_bytes_, stream_));
+      wait_stream(stream_, "zeroing the heap");
+    } catch (const Error& e) {
+      if (aborted_) throw;  // a timeout or NCCL error aborted the communicator: nothing to meet on
+      local_failure = e.what();
+    }
+    // 2b. Registration is collective: without this agreement the ranks that have their memory
+    //     would wait in it for one that failed until the timeout, not knowing why.
+    agree_every_heap_allocated(local_failure);
 
     // 3. The symmetric window; NCCL maps every rank's memory into this process here.
     finish(ncclCommWindowRegister(comm_, heap_, size_t(window_bytes_), &window_, NCCL_WIN_COLL_SYMMETRIC),
@@ -173,6 +185,31 @@ class NcclFabric final : public Fabric {
     //    covers the table, so no rank writes to a peer before the peer can be used.
     barrier_on(stream_, "the end of allocate()");
     bytes_ = want;  // last: a failure above leaves 0 bytes, so Fabric::allocate moves the generation
+  }
+
+  // One allreduce(max) over {failed ? rank + 1 : 0, failed ? world - rank : 0}: every rank learns
+  // the highest and the lowest rank whose heap could not be allocated, or that none failed. On
+  // a failure every rank frees its own new heap (no peer has mapped it yet, so no collective is
+  // needed) and throws: the failing rank its own error, the others one naming that rank. The
+  // communicator stays usable, so a smaller allocate() can follow on every rank.
+  void agree_every_heap_allocated(const std::string& local_failure) {
+    const bool failed = !local_failure.empty();
+    int64_t v[2] = {failed ? env_.rank + 1 : 0, failed ? env_.world - env_.rank : 0};
+    COMET_CUDA_CHECK(cudaMemcpyAsync(scratch_, v, sizeof v, cudaMemcpyHostToDevice, stream_));
+    finish(ncclAllReduce(scratch_, scratch_, 2, ncclInt64, ncclMax, comm_, stream_),
+           "agreeing that every rank allocated its heap");
+    wait_stream(stream_, "agreeing that every rank allocated its heap");
+    COMET_CUDA_CHECK(cudaMemcpy(v, scratch_, sizeof v, cudaMemcpyDeviceToHost));
+    if (v[0] == 0) return;
+    if (void* heap = std::exchange(heap_, nullptr)) check_nccl(ncclMemFree(heap), "ncclMemFree");
+    const int64_t heap_bytes = std::exchange(window_bytes_, 0);
+    if (failed) throw Error(local_failure);
+    const int64_t lowest = env_.world - v[1], highest = v[0] - 1;
+    std::ostringstream os;
+    os << context() << "allocate(): rank " << lowest;
+    if (highest != lowest) os << " (and possibly others up to rank " << highest << ")";
+    os << " could not allocate its " << heap_bytes << "-byte heap (its own error says why); no rank has a heap now";
+    throw Error(os.str());
   }
 
   std::pair<uint64_t, uint64_t> run_min_max(uint64_t value, const std::string& what) override {
@@ -451,7 +488,7 @@ class NcclFabric final : public Fabric {
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
   cudaStream_t stream_ = nullptr;  // allocate()'s own work
-  int64_t* scratch_ = nullptr;     // device [4]: [0..1] the size agreement, [2] the barrier
+  int64_t* scratch_ = nullptr;     // device [4]: [0..1] the size and success agreements, [2] the barrier
   int64_t bytes_ = 0;              // what callers may use (rounded to 256)
   int64_t window_bytes_ = 0;       // what is allocated and registered (rounded to 4096)
   void* heap_ = nullptr;

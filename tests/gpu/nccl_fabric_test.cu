@@ -209,6 +209,28 @@ TEST(NcclFabric, AllToAllVWithOneRankIsASelfExchange) {
       {"negative"}));
 }
 
+// A heap larger than the GPU: ncclMemAlloc fails, the rank meets its (here no) peers in the
+// agreement that every heap was allocated, throws its own error, and keeps no heap; the
+// communicator stays usable for a heap that fits.
+TEST(NcclFabric, AHeapThatDoesNotFitFailsAndTheFabricStaysUsable) {
+  COMET_REQUIRE_GPU();
+  TempDir dir;
+  auto f = make_nccl_fabric(one_rank_env(dir.file("bootstrap.id")));
+  f->allocate(4096);
+  const uint64_t generation = f->heap_generation();
+  size_t free_bytes = 0, total_bytes = 0;
+  COMET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t too_big = int64_t(total_bytes) * 2;
+  EXPECT_TRUE(throws_with<Error>([&] { f->allocate(too_big); }, {"rank 0 of 1", "ncclMemAlloc failed"}));
+  EXPECT_EQ(f->bytes_per_rank(), 0);
+  EXPECT_NE(f->heap_generation(), generation) << "layers on the freed heap must refuse to run";
+  f->allocate(8192);
+  EXPECT_EQ(f->bytes_per_rank(), 8192);
+  const std::vector<uint8_t> fresh = download_bytes(f->base(0), 8192);
+  EXPECT_EQ(std::count(fresh.begin(), fresh.end(), 0), 8192);
+  f->barrier(nullptr);
+}
+
 TEST(NcclFabric, EnvironmentVariablesMakeAFabric) {
   COMET_REQUIRE_GPU();
   TempDir dir;

@@ -199,6 +199,34 @@ TEST(NcclFabricRun, HeapSizeMismatchFailsOnEveryRank) {
   f.barrier(nullptr);
 }
 
+// The last rank's GPU is kept nearly full, so only its ncclMemAlloc fails: every rank throws
+// (the others naming that rank) instead of waiting in the collective window registration until
+// the timeout, and the next allocation that fits works on every rank.
+TEST(NcclFabricRun, AllocationFailureOnOneRankFailsOnEveryRankNamingIt) {
+  COMET_REQUIRE_RUN();
+  SCOPED_TRACE(who());
+  Fabric& f = Run::instance->fabric();
+  if (f.world() == 1) GTEST_SKIP() << "needs a rank that fails while others do not";
+  const int r = f.first_local_rank(), last = f.world() - 1;
+  const int64_t heap = int64_t(1) << 30;
+  void* hog = nullptr;
+  if (r == last) {
+    size_t free_bytes = 0, total_bytes = 0;
+    COMET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    // All but a quarter of the heap stays free: the heap cannot fit.
+    if (free_bytes > size_t(heap / 4)) COMET_CUDA_CHECK(cudaMalloc(&hog, free_bytes - size_t(heap / 4)));
+  }
+  const std::vector<std::string> expected =
+      r == last ? std::vector<std::string>{"ncclMemAlloc failed"}
+                : std::vector<std::string>{"rank " + std::to_string(last) + " could not allocate"};
+  EXPECT_TRUE(throws_with<Error>([&] { f.allocate(heap); }, expected));
+  EXPECT_EQ(f.bytes_per_rank(), 0);
+  if (hog) COMET_CUDA_CHECK(cudaFree(hog));
+  f.allocate(8192);
+  EXPECT_EQ(f.bytes_per_rank(), 8192);
+  f.barrier(nullptr);
+}
+
 // Further fabrics next to the shared one, made and destroyed in turn (each bootstraps
 // through its own file, <COMET_BOOTSTRAP_FILE>.<n>).
 TEST(NcclFabricRun, MoreFabricsComeAndGo) {
