@@ -45,6 +45,22 @@ DeviceProblem::DeviceProblem(const LayerConfig& c, const MoeProblem& p, const fa
   t_max_ = Tm;
   const int first = fabric ? fabric->first_local_rank() : 0, count = fabric ? fabric->num_local_ranks() : W;
   COMET_CHECK(!fabric || fabric->world() == W, "DeviceProblem: the fabric has " << fabric->world() << " ranks, the config " << W);
+  // Every rank's sizes before any upload. Only the sizes: the routing's values (ids out of
+  // range, NaN weights) go up as given, so that tests can see the layer report them.
+  for (int r = first; r < first + count; ++r) {
+    const Routing& rt = p.routing[r];
+    COMET_CHECK(rt.num_tokens >= 0 && rt.num_tokens <= Tm,
+                "DeviceProblem: rank " << r << " has " << rt.num_tokens << " tokens, T_max is " << Tm);
+    COMET_CHECK(rt.topk == K, "DeviceProblem: rank " << r << "'s routing has topk " << rt.topk << ", the config " << K);
+    const size_t slots = size_t(rt.num_tokens) * size_t(K);
+    COMET_CHECK(rt.expert_ids.size() == slots && rt.weights.size() == slots,
+                "DeviceProblem: rank " << r << "'s routing has " << rt.expert_ids.size() << " expert ids and "
+                                       << rt.weights.size() << " weights, " << rt.num_tokens << " tokens x topk " << K
+                                       << " are " << slots);
+    COMET_CHECK(p.x[r].size() == size_t(rt.num_tokens) * size_t(H),
+                "DeviceProblem: rank " << r << "'s x has " << p.x[r].size() << " values, " << rt.num_tokens
+                                       << " tokens x hidden " << H << " are " << size_t(rt.num_tokens) * size_t(H));
+  }
   fabric::detail::DeviceGuard guard;
   int current = 0;
   COMET_CUDA_CHECK(cudaGetDevice(&current));
@@ -52,7 +68,6 @@ DeviceProblem::DeviceProblem(const LayerConfig& c, const MoeProblem& p, const fa
     devices_.push_back(fabric ? fabric->device_of(r) : current);
     COMET_CUDA_CHECK(cudaSetDevice(devices_.back()));
     const Routing& rt = p.routing[r];
-    COMET_CHECK(rt.num_tokens <= Tm, "DeviceProblem: rank " << r << " has " << rt.num_tokens << " tokens, T_max is " << Tm);
     std::vector<uint16_t> x(size_t(Tm) * H, 0);
     for (size_t i = 0; i < p.x[r].size(); ++i) x[i] = float_to_bf16_bits(p.x[r][i]);
     std::vector<int32_t> ids(size_t(Tm) * K, -1);

@@ -325,6 +325,31 @@ TEST(MoeLayer, BadInputIsReportedAndTheLayerStaysUsable) {
   }
 }
 
+// A problem whose sizes do not match the config (another topk, hidden size or token count than
+// its arrays hold) is refused by name before anything is uploaded; before, its arrays were
+// copied into buffers sized by the config, past their end.
+TEST(DeviceProblem, AProblemOfAnotherShapeIsRefusedByName) {
+  const test::LayerCase lc{"mixtral-8x7b", 16, 2, 1, 64, {64, 30}, {}, 7};
+  const LayerConfig c = lc.config();
+  const MoeProblem good = make_problem(c, lc.tokens, lc.spec, lc.seed);
+  const auto refused = [&](const MoeProblem& p, std::initializer_list<std::string> parts) {
+    return test::throws_with<Error>([&] { cuda::DeviceProblem d(c, p); }, parts);
+  };
+  LayerConfig wider = c;
+  wider.model.topk = 4;
+  EXPECT_TRUE(refused(make_problem(wider, lc.tokens, lc.spec, lc.seed), {"rank 0's routing has topk 4, the config 2"}));
+  MoeProblem p = good;
+  p.routing[1].num_tokens = 31;  // arrays of 30 tokens
+  EXPECT_TRUE(refused(p, {"rank 1's routing has 60 expert ids and 60 weights, 31 tokens x topk 2 are 62"}));
+  p = good;
+  p.routing[1].num_tokens = -1;
+  EXPECT_TRUE(refused(p, {"rank 1 has -1 tokens, T_max is 64"}));
+  p = good;
+  p.x[0].resize(p.x[0].size() + 16);
+  EXPECT_TRUE(refused(p, {"rank 0's x has " + std::to_string(p.x[0].size()) + " values, 64 tokens x hidden " +
+                                 std::to_string(c.model.hidden)}));
+}
+
 // Misuse the host can see is refused by name before anything is enqueued, and the layer runs
 // normally afterwards: tensors that are null, host memory or misaligned (16-byte rows, 4-byte
 // routing and counts), an unbounded timeout, a second layer reallocating the fabric's heap, a
