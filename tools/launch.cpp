@@ -175,7 +175,8 @@ void on_signal(int sig) {
 
 // Every signal but SIGCHLD stops the run: SIGHUP (the terminal or ssh session went away) and
 // SIGQUIT too, so that ranks are not left running on their GPUs. (SIGKILL cannot be caught:
-// each rank asks the kernel to kill it when the launcher dies, PR_SET_PDEATHSIG.)
+// each rank's own process asks the kernel to kill it when the launcher dies, PR_SET_PDEATHSIG;
+// processes the rank starts are not covered.)
 constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 // Installs the handlers and the self-pipe for its lifetime; restores what was there before.
@@ -401,7 +402,8 @@ void Launcher::spawn(int rank) {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::setpgid(0, 0);
     // Killed with the launcher, whatever ends it (SIGKILL included); a launcher that died
-    // between fork and here is seen as a new parent.
+    // between fork and here is seen as a new parent. Only this process is: what the rank starts
+    // itself outlives a launcher killed by SIGKILL (docs/cli.md).
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != launcher_pid) ::_exit(127);
     ::dup2(devnull_, 0);

@@ -30,15 +30,20 @@ std::string temp_suffix() {
   return os.str();
 }
 
-}  // namespace
-
-void publish_bootstrap_file(const std::string& path, const std::string& payload) {
-  COMET_CHECK(!path.empty(), "bootstrap file: empty path");
+// Throws naming the file when the directory it goes in does not exist.
+void check_directory(const std::string& path) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
   COMET_CHECK(fs::is_directory(dir, ec),
               "bootstrap file " << path << ": directory " << dir.string() << " does not exist");
+}
+
+}  // namespace
+
+void publish_bootstrap_file(const std::string& path, const std::string& payload) {
+  COMET_CHECK(!path.empty(), "bootstrap file: empty path");
+  check_directory(path);
   replace_file(path, "bootstrap file", [&](std::ostream& out) {
     out.write(kHeader, kHeaderBytes);
     out.write(payload.data(), std::streamsize(payload.size()));
@@ -48,6 +53,8 @@ void publish_bootstrap_file(const std::string& path, const std::string& payload)
 std::string wait_bootstrap_file(const std::string& path, size_t payload_bytes, double timeout_s) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  // A directory that does not exist cannot receive rank 0's file: said now, not after the timeout.
+  check_directory(path);
   for (;;) {
     std::ifstream in(path, std::ios::binary);
     if (in.is_open()) {

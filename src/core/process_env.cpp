@@ -75,15 +75,26 @@ void derive_bootstrap_file(const Getter& get, long parent_pid, ProcessEnv& env) 
         "RANK and WORLD_SIZE are set, but there is no way to meet the other ranks: set "
         "COMET_BOOTSTRAP_FILE to a path every rank can reach (`comet launch` does), or run under "
         "torchrun (which sets TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT)");
-  std::string name = "/tmp/comet-bootstrap";
+  // The user's id keeps runs of two users on one node apart (in a shared /tmp one could not
+  // replace the other's file, and would read its id), and a batch job's id two jobs of one user
+  // that export the same MASTER_PORT.
+  std::string name = "/tmp/comet-bootstrap-uid-" + std::to_string(::getuid());
   std::ostringstream source;
   source << "derived from";
   const char* sep = " ";
+  if (const auto job = lookup(get, "SLURM_JOB_ID")) {
+    name += "-job-" + file_name_part(*job);
+    source << sep << "SLURM_JOB_ID=" << *job;
+    sep = ", ";
+  }
   if (run_id) {
     // torchrun's agent starts every rank of the node: its pid separates runs that reuse a run
     // id and port ("none" and 29500 by default) from a file a killed earlier run left behind.
+    // So every rank must be the agent's own child: a wrapper script must exec the program.
     name += "-run-" + file_name_part(*run_id) + "-agent-" + std::to_string(parent_pid);
-    source << sep << "TORCHELASTIC_RUN_ID=" << *run_id << " (agent process " << parent_pid << ")";
+    source << sep << "TORCHELASTIC_RUN_ID=" << *run_id << " (agent process " << parent_pid
+           << ", this process's parent: a wrapper between torchrun and the program must exec it, or set "
+              "COMET_BOOTSTRAP_FILE)";
     sep = ", ";
   }
   if (addr && port) {

@@ -131,7 +131,7 @@ class LoopbackFabric final : public Fabric {
   int gpus() const override { return 1; }
   int64_t bytes_per_rank() const override { return bytes_; }
   void run_allocate(int64_t bytes) override {
-    COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
+    detail::check_heap_size(bytes);
     release();
     DeviceGuard guard;
     COMET_CUDA_CHECK(cudaSetDevice(device_));
@@ -270,7 +270,7 @@ class LocalFabric final : public Fabric {
   int gpus() const override { return world_ / per_gpu_; }
   int64_t bytes_per_rank() const override { return bytes_; }
   void run_allocate(int64_t bytes) override {
-    COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
+    detail::check_heap_size(bytes);
     release();
     DeviceGuard guard;
     const int64_t want = round_up(bytes, kHeapAlign);

@@ -54,6 +54,10 @@ struct AllToAllVArgs {
   const int64_t* recv_offsets = nullptr;  // host [W]: where they land in `recv`
 };
 
+// The largest heap allocate() takes per rank (256 TiB: far above any GPU's memory, and small
+// enough that W heaps and every offset into them stay far inside int64).
+inline constexpr int64_t kMaxHeapBytesPerRank = int64_t(1) << 48;
+
 class Fabric {
  public:
   virtual ~Fabric() = default;
@@ -68,6 +72,7 @@ class Fabric {
   // How many GPUs the W ranks run on, over every process: Loopback 1, Local G, Nccl W.
   virtual int gpus() const = 0;
   // (Re)allocates the symmetric heap; bytes are rounded up to 256. Previous contents are lost.
+  // A size outside [0, kMaxHeapBytesPerRank] is refused (on the Nccl fabric by every rank).
   // Nccl: collective, every rank with the same size (checked); the caller's work on the old
   // heap must be finished on every rank (the fabric synchronizes the device and the ranks).
   void allocate(int64_t bytes_per_rank);
@@ -120,6 +125,12 @@ class Fabric {
   // Throws comet::Error unless `rank` is local; `what` names the call for the message ("what(rank):
   // rank r is not driven by this process (its ranks are a..b of W)").
   void check_local(int rank, const char* what) const;
+
+ protected:
+  // For a fabric whose heap became unreachable without allocate() (the Nccl fabric aborted its
+  // communicator, which unmaps the peers' memory): layers on it then refuse to run, as after
+  // a reallocation, instead of launching kernels at unmapped addresses.
+  void invalidate_heap() { ++heap_generation_; }
 
  private:
   // all_to_all_v() after its arguments were checked.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "fabric/fabric.h"
 
 namespace comet::fabric::detail {
 
@@ -15,6 +16,14 @@ inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; 
 
 // Heap sizes are rounded to this (fabric.h).
 inline constexpr int64_t kHeapAlign = 256;
+
+// A heap size allocate() takes: [0, kMaxHeapBytesPerRank] (fabric.h), so that rounding it up
+// and multiplying it by the ranks cannot overflow.
+inline bool valid_heap_size(int64_t bytes) { return bytes >= 0 && bytes <= kMaxHeapBytesPerRank; }
+inline void check_heap_size(int64_t bytes) {
+  COMET_CHECK(valid_heap_size(bytes), "fabric: a heap of " << bytes << " bytes per rank is outside [0, "
+                                                           << kMaxHeapBytesPerRank << "]");
+}
 
 // Number of visible CUDA devices; 0 when the runtime finds no driver or device.
 inline int visible_devices() {

@@ -125,11 +125,12 @@ class NcclFabric final : public Fabric {
   }
 
   void run_allocate(int64_t bytes) override {
-    COMET_CHECK(bytes >= 0, "fabric: negative allocation " << bytes);
     check_usable();
     DeviceGuard guard;
     COMET_CUDA_CHECK(cudaSetDevice(env_.local_rank));
-    const int64_t want = round_up(bytes, kHeapAlign);
+    // A size this rank cannot take still goes into the agreement (as -1), so that every rank
+    // refuses it instead of the others waiting in the collectives below.
+    const int64_t want = detail::valid_heap_size(bytes) ? round_up(bytes, kHeapAlign) : -1;
 
     // 1. Every rank must ask for the same size: NCCL's registration would fail less clearly.
     //    One allreduce(max) over {size, -size} gives the largest and the smallest request;
@@ -141,6 +142,9 @@ class NcclFabric final : public Fabric {
     // and would wait without limit for a rank that never arrives.
     wait_stream(stream_, "agreeing on the heap size");
     COMET_CUDA_CHECK(cudaMemcpy(sizes, scratch_, sizeof sizes, cudaMemcpyDeviceToHost));
+    if (want < 0) detail::check_heap_size(bytes);  // this rank's own reason
+    COMET_CHECK(-sizes[1] >= 0, context() << "allocate(): a rank asked for a heap size outside [0, "
+                                          << kMaxHeapBytesPerRank << "] bytes (this rank " << bytes << ")");
     COMET_CHECK(sizes[0] == -sizes[1], context() << "allocate(): the ranks asked for different heap sizes (smallest "
                                                  << -sizes[1] << ", largest " << sizes[0] << " bytes, this rank "
                                                  << want << "); every rank must allocate the same layout");
@@ -163,6 +167,19 @@ class NcclFabric final : public Fabric {
     //     would wait in it for one that failed until the timeout, not knowing why.
     agree_every_heap_allocated(local_failure);
 
+    // 3-5 are collective or end in a collective: a failure here on one rank would leave the
+    //    others waiting in them, so it aborts the communicator (a new fabric is needed then).
+    try {
+      register_window();
+    } catch (...) {
+      if (!aborted_) abort_after_error();
+      throw;
+    }
+    bytes_ = want;  // last: a failure above leaves 0 bytes, so Fabric::allocate moves the generation
+  }
+
+  // allocate()'s steps 3-5, once every rank has its zeroed heap.
+  void register_window() {
     // 3. The symmetric window; NCCL maps every rank's memory into this process here.
     finish(ncclCommWindowRegister(comm_, heap_, size_t(window_bytes_), &window_, NCCL_WIN_COLL_SYMMETRIC),
            "registering the symmetric window");
@@ -184,7 +201,6 @@ class NcclFabric final : public Fabric {
     // 5. Registration ended in NCCL's barrier, after every rank zeroed its heap; this one also
     //    covers the table, so no rank writes to a peer before the peer can be used.
     barrier_on(stream_, "the end of allocate()");
-    bytes_ = want;  // last: a failure above leaves 0 bytes, so Fabric::allocate moves the generation
   }
 
   // One allreduce(max) over {failed ? rank + 1 : 0, failed ? world - rank : 0}: every rank learns
@@ -317,19 +333,20 @@ class NcclFabric final : public Fabric {
     // sides must name the same type and count, and counts are size_t (no overflow).
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t first_error = ncclSuccess;
-    for (int p = 0; p < env_.world && first_error == ncclSuccess; ++p) {
+    // ncclInProgress is not an error (the non-blocking communicator may answer it): posting goes on.
+    const auto posted = [&] { return first_error == ncclSuccess || first_error == ncclInProgress; };
+    for (int p = 0; p < env_.world && posted(); ++p) {
       if (a.send_bytes[p] > 0)
         first_error = ncclSend(static_cast<const char*>(a.send) + a.send_offsets[p], size_t(a.send_bytes[p]),
                                ncclUint8, p, comm_, stream);
-      if (first_error == ncclSuccess && a.recv_bytes[p] > 0)
+      if (posted() && a.recv_bytes[p] > 0)
         first_error = ncclRecv(static_cast<char*>(a.recv) + a.recv_offsets[p], size_t(a.recv_bytes[p]), ncclUint8,
                                p, comm_, stream);
     }
     const ncclResult_t end = ncclGroupEnd();  // always close the group, even after an error
     // Part of the group may have been posted, and the peers' matching halves wait for the rest:
     // the communicator is aborted, so that they fail too instead of waiting.
-    if (first_error != ncclSuccess && first_error != ncclInProgress)
-      fail(first_error, "posting the ncclSend/ncclRecv of all_to_all_v");
+    if (!posted()) fail(first_error, "posting the ncclSend/ncclRecv of all_to_all_v");
     finish(end, "all_to_all_v");
   }
 
@@ -389,6 +406,16 @@ class NcclFabric final : public Fabric {
     if (ncclWindow_t window = std::exchange(window_, nullptr))
       finish(ncclCommWindowDeregister(comm_, window), "ncclCommWindowDeregister");
     if (void* heap = std::exchange(heap_, nullptr)) check_nccl(ncclMemFree(heap), "ncclMemFree");
+  }
+
+  // After a failure or timeout of a call that involves other ranks: the communicator is
+  // aborted (peers waiting on this rank then fail too), which unmaps the peers' heaps, so
+  // layers on this fabric must refuse to run (invalidate_heap) and bytes_per_rank() is 0.
+  void abort_after_error() noexcept {
+    aborted_ = true;
+    abort_comm();
+    if (bytes_ > 0) invalidate_heap();
+    bytes_ = 0;
   }
 
   void abort_comm() noexcept {
@@ -459,8 +486,7 @@ class NcclFabric final : public Fabric {
     os << context() << "NCCL reported " << ncclGetErrorString(state) << " while " << what;
     const char* last = ncclGetLastError(comm_);
     if (last && *last) os << " (" << last << ")";
-    aborted_ = true;
-    abort_comm();
+    abort_after_error();
     throw Error(os.str());
   }
 
@@ -469,8 +495,7 @@ class NcclFabric final : public Fabric {
     os << context() << "timed out after " << env_.timeout_s << " s " << what
        << "; a rank did not arrive (crashed, stuck, or not started?). The communicator is aborted "
           "(COMET_FABRIC_TIMEOUT_S sets the limit)";
-    aborted_ = true;
-    abort_comm();
+    abort_after_error();
     throw TimeoutError(os.str());
   }
 

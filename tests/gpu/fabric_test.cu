@@ -3,6 +3,7 @@
 // The Nccl fabric has its own file (nccl_fabric_test.cu); multi-process runs are in
 // tests/multi_gpu/.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -54,7 +55,14 @@ TEST(LoopbackFabric, FailedAllocationStillMovesTheHeapGeneration) {
   EXPECT_THROW(f->allocate(-1), Error);  // refused before the old heap is freed: it stays usable
   EXPECT_EQ(f->heap_generation(), before);
   EXPECT_EQ(f->bytes_per_rank(), 1024);
-  EXPECT_THROW(f->allocate(int64_t(1) << 50), Error);  // 1 PiB per rank
+  // Sizes past kMaxHeapBytesPerRank are refused by name before the old heap is freed, too: 2^61
+  // + 1 bytes made W heaps of 2 KiB once (the product wrapped), with bases far outside them.
+  for (const int64_t huge : {int64_t(1) << 50, (int64_t(1) << 61) + 1, std::numeric_limits<int64_t>::max()}) {
+    EXPECT_TRUE(throws_with<Error>([&] { f->allocate(huge); }, {std::to_string(huge), "outside [0, "}));
+    EXPECT_EQ(f->heap_generation(), before);
+    EXPECT_EQ(f->bytes_per_rank(), 1024);
+  }
+  EXPECT_THROW(f->allocate(int64_t(1) << 47), Error);  // 128 TiB per rank: cudaMalloc fails
   EXPECT_NE(f->heap_generation(), before) << "a layer on the freed heap would still run";
   EXPECT_EQ(f->bytes_per_rank(), 0);
   f->allocate(1000);

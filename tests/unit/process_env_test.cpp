@@ -2,6 +2,7 @@
 // from the environment (core/process_env.h), and the bootstrap file hand-over
 // (core/bootstrap_file.h). The environment is a fake getter over a map, never the real one.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -81,6 +82,9 @@ TEST(ProcessEnv, TwoNodesKeepTheirLocalNumbering) {
   EXPECT_EQ(env->local_world, 8);
 }
 
+// Derived names begin with the user's id: two users' runs on one node never share a file.
+std::string uid_prefix() { return "/tmp/comet-bootstrap-uid-" + std::to_string(::getuid()); }
+
 TEST(ProcessEnv, TorchrunDerivesAFileFromTheRun) {
   const Vars base = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}};
   Vars v = base;
@@ -90,8 +94,8 @@ TEST(ProcessEnv, TorchrunDerivesAFileFromTheRun) {
   v["TORCHELASTIC_RESTART_COUNT"] = "1";
   const auto env = read(v);
   ASSERT_TRUE(env.has_value());
-  EXPECT_EQ(env->bootstrap_file, "/tmp/comet-bootstrap-run-job_42_x-agent-4242-master-127.0.0.1-29500-restart-1.id");
-  EXPECT_TRUE(contains(env->source, "TORCHELASTIC_RUN_ID=job/42 x (agent process 4242)"));
+  EXPECT_EQ(env->bootstrap_file, uid_prefix() + "-run-job_42_x-agent-4242-master-127.0.0.1-29500-restart-1.id");
+  EXPECT_TRUE(contains(env->source, "TORCHELASTIC_RUN_ID=job/42 x (agent process 4242, this process's parent"));
   EXPECT_TRUE(contains(env->source, "MASTER_PORT=29500"));
 
   // Every rank of the run derives the same name; another port (another run) another one.
@@ -113,11 +117,16 @@ TEST(ProcessEnv, TorchrunDerivesAFileFromTheRun) {
   Vars only_master = base;
   only_master["MASTER_ADDR"] = "h";
   only_master["MASTER_PORT"] = "1";
-  EXPECT_EQ(read(only_master)->bootstrap_file, "/tmp/comet-bootstrap-master-h-1.id");
-  EXPECT_EQ(read(only_master, 4343)->bootstrap_file, "/tmp/comet-bootstrap-master-h-1.id");  // not torchrun's agent
+  EXPECT_EQ(read(only_master)->bootstrap_file, uid_prefix() + "-master-h-1.id");
+  EXPECT_EQ(read(only_master, 4343)->bootstrap_file, uid_prefix() + "-master-h-1.id");  // not torchrun's agent
   Vars only_run = base;
   only_run["TORCHELASTIC_RUN_ID"] = "r";
-  EXPECT_EQ(read(only_run)->bootstrap_file, "/tmp/comet-bootstrap-run-r-agent-4242.id");
+  EXPECT_EQ(read(only_run)->bootstrap_file, uid_prefix() + "-run-r-agent-4242.id");
+  // A batch job's id keeps two jobs of one user with the same MASTER_PORT apart.
+  Vars in_job = only_master;
+  in_job["SLURM_JOB_ID"] = "77";
+  EXPECT_EQ(read(in_job)->bootstrap_file, uid_prefix() + "-job-77-master-h-1.id");
+  EXPECT_TRUE(contains(read(in_job)->source, "SLURM_JOB_ID=77"));
 }
 
 TEST(ProcessEnv, NoBootstrapSourceExplainsWhatToSet) {
@@ -256,6 +265,11 @@ TEST_F(BootstrapFile, BadPathsAndForeignFilesAreErrors) {
   EXPECT_TRUE(throws_with<Error>([&] { publish_bootstrap_file(path("no/such/dir/id"), "x"); },
                                  {"no/such/dir/id", "does not exist"}));
   EXPECT_TRUE(throws_with<Error>([] { publish_bootstrap_file("", "x"); }, {"empty path"}));
+  // A reader whose directory does not exist says so at once, not after its timeout.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(throws_with<Error>([&] { wait_bootstrap_file(path("no/such/dir/id"), 128, 30.0); },
+                                 {"no/such/dir/id", "does not exist"}));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
   {
     std::ofstream(path("foreign")) << "something else entirely";
   }
