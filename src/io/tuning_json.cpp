@@ -1,6 +1,7 @@
 // Tuning tables as JSON.
 #include "io/tuning_json.h"
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -152,11 +153,19 @@ TuningTable parse_tuning_table(const std::string& text, const std::string& origi
 }
 
 TuningTable load_tuning_table(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   COMET_CHECK(in.good(), "tuning table " << path << ": cannot be read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_tuning_table(ss.str(), path);
+  // Read in pieces up to a bound: a path such as /dev/zero (or a runaway pipe) is refused by
+  // name instead of growing memory until the allocation fails. A pipe (`--tuning <(...)`) is fine.
+  std::string text;
+  std::array<char, 1 << 16> piece;
+  while (in.read(piece.data(), piece.size()) || in.gcount() > 0) {
+    text.append(piece.data(), size_t(in.gcount()));
+    COMET_CHECK(text.size() <= kMaxTuningTableBytes, "tuning table " << path << ": larger than "
+                                                                      << kMaxTuningTableBytes << " bytes; not a table");
+  }
+  COMET_CHECK(in.eof(), "tuning table " << path << ": read failed");
+  return parse_tuning_table(text, path);
 }
 
 void save_tuning_table(const TuningTable& table, const std::string& path) {

@@ -18,6 +18,7 @@
 // when such tables were written. A reader older than a key refuses the table (unknown key).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "comet/tuning.h"
@@ -32,6 +33,9 @@ std::string tuning_table_json(const TuningTable& table);
 // (world != ep x tp, topk > experts, E % EP, F % TP), a time that is negative or not finite, a
 // key that appears twice in one object, an entry of the same workload as an earlier one.
 TuningTable parse_tuning_table(const std::string& text, const std::string& origin = "<text>");
+// The largest file load_tuning_table reads (a table of every preset, layout and token count
+// is well under 1 MB).
+inline constexpr size_t kMaxTuningTableBytes = size_t(64) << 20;
 TuningTable load_tuning_table(const std::string& path);
 // Through replace_file (`path`.tmp renamed over `path`): a failed write leaves the old
 // table whole.

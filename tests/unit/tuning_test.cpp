@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -147,6 +148,9 @@ TEST(TuningJson, RoundTripAndClearErrors) {
                                  {"format"}));
   EXPECT_TRUE(edit_is_refused(io::tuning_table_json(t), "\"n_comm0\"", "\"n_comm_0\"", {"n_comm_0"}));
   EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/nonexistent/t.json"); }, {"cannot be read"}));
+  // An endless file is refused by name once past the bound, not read until memory runs out.
+  if (std::ifstream("/dev/zero").good())
+    EXPECT_TRUE(throws_with<Error>([] { io::load_tuning_table("/dev/zero"); }, {"/dev/zero", "larger than"}));
 }
 
 // nlohmann keeps the last of repeated keys, and TuningTable::add the last of two entries of one
