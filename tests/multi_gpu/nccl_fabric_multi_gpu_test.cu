@@ -193,6 +193,9 @@ TEST(NcclFabricRun, HeapSizeMismatchFailsOnEveryRank) {
   const int r = f.first_local_rank();
   EXPECT_TRUE(throws_with<Error>([&] { f.allocate(r == 0 ? 4096 : 8192); },
                                  {"different heap sizes", "smallest 4096", "largest 8192"}));
+  // A size only one rank cannot take (negative) is refused by every rank, not by that rank alone
+  // while the others wait for it in the collectives.
+  EXPECT_TRUE(throws_with<Error>([&] { f.allocate(r == 0 ? -1 : 4096); }, {"outside [0, "}));
   // The communicator is intact: the next agreeing allocation works.
   f.allocate(8192);
   EXPECT_EQ(f.bytes_per_rank(), 8192);
