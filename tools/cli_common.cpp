@@ -226,8 +226,15 @@ void add_fabric_option(CLI::App& app, std::string& fabric) {
 
 bool quiet_rank(const std::string& fabric) {
   if (fabric != "nccl") return false;
-  const std::optional<ProcessEnv> env = read_process_env();
-  return env && env->rank != 0;
+  try {
+    const std::optional<ProcessEnv> env = read_process_env();
+    return env && env->rank != 0;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    // A malformed RANK or WORLD_SIZE is the caller's input, as `comet run` reports it.
+    throw UsageError("the launch environment: " + user_message(e.what()));
+  }
 }
 
 void add_layer0_mode_options(CLI::App& app, std::vector<std::string>& copies, std::vector<std::string>& orders) {
@@ -314,6 +321,12 @@ void check_replaceable_output(const std::string& path, const std::string& option
   // A file already there (a writer that was killed left it) is the writer's to replace, not
   // this check's to remove.
   std::error_code error;
+  const std::filesystem::file_status tmp_status = std::filesystem::status(tmp, error);
+  // Opening a FIFO for writing waits for a reader: refused, as the output path itself is.
+  if (std::filesystem::is_fifo(tmp_status) || std::filesystem::is_socket(tmp_status) ||
+      std::filesystem::is_character_file(tmp_status) || std::filesystem::is_block_file(tmp_status))
+    throw UsageError(option + ": \"" + tmp + "\", which is written first and renamed over \"" + path +
+                     "\", is not a regular file; remove it");
   const bool existed = std::filesystem::exists(std::filesystem::symlink_status(tmp, error));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) {
@@ -375,7 +388,8 @@ std::string one_line(const std::string& text) {
 
 std::string divisors_text(int n) {
   std::vector<std::string> ds;
-  for (int d = 1; d <= n && ds.size() < 12; ++d)
+  // Only divisors that are valid rank counts (and d cannot overflow at n = INT_MAX).
+  for (int d = 1; d <= std::min(n, kMaxRanks) && ds.size() < 12; ++d)
     if (n % d == 0) ds.push_back(std::to_string(d));
   return join(ds);
 }
@@ -438,10 +452,14 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
   LayerConfig& c = w.config;
 
   // Model: a preset, a preset with some fields overridden, or a fully custom shape.
-  bool any_shape = false;
-  for (const auto* opt : o.shape_opts) any_shape = any_shape || opt->count() > 0;
+  // The four sizes make a custom shape; --activation alone changes the (default) preset's.
+  bool any_shape = false, any_size = false;
+  for (size_t i = 0; i < o.shape_opts.size(); ++i) {
+    any_shape = any_shape || o.shape_opts[i]->count() > 0;
+    if (i < 4) any_size = any_size || o.shape_opts[i]->count() > 0;
+  }
   const bool preset_given = o.model_opt->count() > 0;
-  if (preset_given || !any_shape) {
+  if (preset_given || !any_size) {
     const auto names = ModelPresets::names();
     if (std::find(names.begin(), names.end(), o.model) == names.end())
       throw UsageError("--model: unknown preset \"" + o.model + "\" (presets: " + join(names) + ")");
@@ -482,9 +500,9 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
   if (m.ffn <= 0) throw UsageError("--ffn must be positive, not " + std::to_string(m.ffn));
   if (m.num_experts <= 0)
     throw UsageError("--experts must be positive, not " + std::to_string(m.num_experts));
-  if (m.topk <= 0 || m.topk > m.num_experts)
+  if (m.topk <= 0 || m.topk > m.routed_experts())
     throw UsageError("--topk " + std::to_string(m.topk) + " must be between 1 and the " +
-                     std::to_string(m.num_experts) + " experts of " + m.name);
+                     std::to_string(m.routed_experts()) + " routed experts of " + m.name);
 
   // Layout.
   if (o.ep < 1) throw UsageError("--ep must be at least 1, not " + std::to_string(o.ep));
@@ -561,6 +579,11 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
   if (o.tile_opts[2]->count()) c.tiles.block_n1 = o.block_n1;
   if (c.tiles.block_m < 1 || c.tiles.block_n0 < 1 || c.tiles.block_n1 < 1)
     throw UsageError("--block-m, --block-n0 and --block-n1 must be positive");
+  // Every expert segment is padded to a whole M tile, and no token cap sees that padding: with
+  // --block-m 65536 one token per rank made gigabytes of buffers.
+  if (c.tiles.block_m > kMaxBlockM)
+    throw UsageError("--block-m " + std::to_string(c.tiles.block_m) + " is more than " + std::to_string(kMaxBlockM) +
+                     " rows (each expert's rows are padded to a whole M tile)");
 
   const Status status = c.validate();
   if (!status) throw UsageError(user_message(status.reason));

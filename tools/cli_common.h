@@ -38,6 +38,10 @@ inline constexpr int64_t kMaxRoutingSlots = int64_t(1) << 24;
 // TP 64 at 32768 tokens per rank, which the slot cap alone let through); this cap allows TP 4 at
 // the slot cap.
 inline constexpr int64_t kMaxExpertRows = int64_t(1) << 26;
+// The largest `run --cpu-budget-gflop` (hours of CPU work per forward).
+inline constexpr double kMaxCpuBudgetGflop = 1e6;
+// The largest --block-m: each expert segment is padded to a whole M tile.
+inline constexpr int kMaxBlockM = 4096;
 // Routing slots x E: generating the routing walks the E expert loads for every slot
 // (core/routing.cpp), which the slot cap alone left at up to 2^40 steps (--experts 65536 --topk
 // 64 --ep 64). At this cap every preset still runs at the slot cap (deepseek-v3: 2^24 x 256),

@@ -218,6 +218,17 @@ TEST(CliCommon, ReplaceableOutputNeedsItsTemporaryFile) {
                                          "), which is written first and renamed over \"" + out + "\"");
   }
   fs::remove(out + ".tmp");
+  // A FIFO of that name would block the open until a reader came: refused at once.
+  ASSERT_EQ(::mkfifo((out + ".tmp").c_str(), 0600), 0);
+  try {
+    check_replaceable_output(out, "--out");
+    ADD_FAILURE() << "a FIFO " << out << ".tmp was not refused";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--out: \"" + out + ".tmp\", which is written first"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not a regular file"), std::string::npos) << e.what();
+  }
+  fs::remove(out + ".tmp");
   if (::geteuid() != 0) {
     fs::permissions(dir / "", fs::perms::owner_read | fs::perms::owner_exec);
     EXPECT_THROW(check_replaceable_output(out, "--out"), UsageError);

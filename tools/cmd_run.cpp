@@ -341,7 +341,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "record a timeline: FILE.json (Chrome/Perfetto) and FILE.svg (cuda: of the fused kernels)")
       ->check(file_path())
       ->group("Output");
-  cmd->add_option("--save", o.save, "write inputs, weights and outputs to FILE.safetensors")
+  cmd->add_option("--save", o.save, "write inputs, routing, weights and outputs to FILE (one safetensors file)")
       ->check(file_path())
       ->group("Output");
   cmd->add_flag("--json", o.json, "print one JSON object instead of the text report")->group("Output");
@@ -400,9 +400,12 @@ int run_command(const RunOptions& o) {
   if (r.link.on() && o.fabric != "loopback")
     throw UsageError("--emulate-link stands for a node of GPUs on one GPU (loopback fabric); with --fabric " + o.fabric +
                      " the links are real");
-  if (!(o.cpu_budget_gflop >= 0))
-    throw UsageError("--cpu-budget-gflop must be >= 0 (0: the default budget, " + strf("%g", kCpuFlopBudget / 1e9) +
-                     ")");
+  // Finite and bounded: an infinite budget never scales the layer down (a full-size run on the
+  // CPU); 1e6 GFLOP is hours of CPU work already.
+  if (!(o.cpu_budget_gflop >= 0 && o.cpu_budget_gflop <= kMaxCpuBudgetGflop))
+    throw UsageError("--cpu-budget-gflop must be within [0, " + strf("%g", kMaxCpuBudgetGflop) +
+                     "] (0: the default budget, " + strf("%g", kCpuFlopBudget / 1e9) + "), not " +
+                     strf("%g", o.cpu_budget_gflop));
   {
     std::string names;
     bool known = false;

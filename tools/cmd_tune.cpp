@@ -55,7 +55,8 @@ int tune_command(const TuneOptions& o) {
   TuningTable table;
   if (!quiet) {
     std::error_code error;  // an error other than not-found: check_output_path refused it
-    if (std::filesystem::exists(o.out, error)) table = load_tuning_option(o.out, "--out");
+    // Only a file holds a table to keep: a device such as /dev/null is written, not read.
+    if (std::filesystem::is_regular_file(o.out, error)) table = load_tuning_option(o.out, "--out");
     check_replaceable_output(o.out, "--out");
   }
   check_bench_inputs(o.models, o.tokens, "comet tune", {{o.ep, o.tp}});
