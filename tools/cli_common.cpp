@@ -167,7 +167,15 @@ void read_integers_as_decimal(CLI::App& app) {
         // Spaces around the value are dropped, as around an integer ("--warmup-ms '5 '" read
         // as out of range, "--mask-fraction '0.5 '" as not a number).
         input = trim_blanks(input);
-        return input.empty() ? std::string("an empty value is not a number") : std::string();
+        if (input.empty()) return std::string("an empty value is not a number");
+        // Decimal, as the integers are: strtod would read "0x10" as 16 and "0x1p-1" as 0.5.
+        if (input.find_first_of("xX") != std::string::npos) return "Value " + input + " is not a decimal number";
+        // Past a double's range ("1e400", "1e-400") it would silently become inf or 0.
+        errno = 0;
+        char* end = nullptr;
+        std::strtod(input.c_str(), &end);
+        if (errno == ERANGE && end != input.c_str()) return "Value " + input + " is out of the range of a double";
+        return std::string();
       },
       "");
   for (CLI::Option* option : app.get_options()) {

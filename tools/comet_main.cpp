@@ -44,12 +44,19 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
     const std::vector<CLI::App*> subs = at->get_subcommands([](CLI::App*) { return true; });
-    if (word.empty() || word[0] == '-' || subs.empty()) return "";  // options: CLI11's to judge
+    if (word.empty() || subs.empty()) return "";  // a command's own options: CLI11's to judge
     CLI::App* next = nullptr;
     std::string names;
     for (CLI::App* s : subs) {
       if (s->get_name() == word) next = s;
       names += (names.empty() ? "" : ", ") + s->get_name();
+    }
+    if (word[0] == '-') {
+      // Where a command is expected, only --help and --version are options ("comet --bogus" was
+      // reported as "A subcommand is required").
+      if (at->get_option_no_throw(word.substr(0, word.find('='))) != nullptr) return "";
+      return "unknown option \"" + word + "\" where a command is expected (" + (path.empty() ? "" : path + "takes ") +
+             "one of " + names + ")";
     }
     if (next == nullptr)
       return "unknown command \"" + path + word + "\" (" + (path.empty() ? "" : path + "takes ") + "one of " + names + ")";
