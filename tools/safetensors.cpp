@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -208,6 +209,10 @@ const StTensor& SafetensorsFile::at(const std::string& name) const {
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
+  // The whole file is read at once: a device or pipe (/dev/zero) would be read until memory ran out.
+  std::error_code status_error;
+  if (std::filesystem::exists(path, status_error) && !std::filesystem::is_regular_file(path, status_error))
+    throw Error("safetensors file \"" + path + "\": not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open \"" + path + "\" for reading");
   std::vector<uint8_t> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -176,6 +176,15 @@ TEST(Safetensors, ReaderRejectsMalformedFiles) {
   expect_rejected(make_file("[1, 2]", 0), "header is not an object");
   expect_rejected(make_file(R"({"a": 1})", 0), "tensor entry is not an object");
   std::filesystem::remove(path);
+  // A device is not read until memory runs out.
+  if (std::filesystem::exists("/dev/zero")) {
+    try {
+      read_safetensors("/dev/zero");
+      ADD_FAILURE() << "/dev/zero was read as a safetensors file";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Safetensors, ReaderChecksLayout) {

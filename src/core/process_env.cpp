@@ -133,6 +133,7 @@ std::optional<ProcessEnv> read_process_env(const Getter& get, long parent_pid) {
   } else {
     env.local_rank = env.rank;  // one node: the global numbering is the local one
     env.local_world = env.world;
+    env.local_rank_source = "RANK";
   }
 
   if (const auto timeout = lookup(get, "COMET_FABRIC_TIMEOUT_S"))

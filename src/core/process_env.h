@@ -41,6 +41,9 @@ struct ProcessEnv {
   int world = 1;
   int local_rank = 0;   // the GPU ordinal this process drives
   int local_world = 1;  // processes on this node
+  // Where local_rank came from, for messages: "LOCAL_RANK", or "RANK" when LOCAL_RANK and
+  // LOCAL_WORLD_SIZE are unset (one node).
+  std::string local_rank_source = "LOCAL_RANK";
   std::string bootstrap_file;
   // Where the bootstrap file came from, for messages: "COMET_BOOTSTRAP_FILE" or
   // "derived from TORCHELASTIC_RUN_ID=..., MASTER_ADDR=..., ...".

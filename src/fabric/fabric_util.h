@@ -37,11 +37,14 @@ inline int visible_devices() {
 
 // Makes GPU `local_rank` current: the GPU a process of a multi-process run drives (LOCAL_RANK).
 // Throws comet::Error, prefixed by `context`, when no GPU or too few GPUs are visible.
-inline void set_local_rank_device(int local_rank, const std::string& context = "") {
+// `source` names the variable local_rank came from (ProcessEnv::local_rank_source).
+inline void set_local_rank_device(int local_rank, const std::string& context = "",
+                                  const std::string& source = "LOCAL_RANK") {
   const int devices = visible_devices();
   COMET_CHECK(devices > 0, context << "no CUDA device is visible");
-  COMET_CHECK(local_rank < devices, context << "LOCAL_RANK=" << local_rank << " but only " << devices
-                                            << " GPU(s) are visible to this process (CUDA_VISIBLE_DEVICES?)");
+  COMET_CHECK(local_rank < devices,
+              context << source << "=" << local_rank << (source == "LOCAL_RANK" ? "" : " (LOCAL_RANK is unset)")
+                      << " but only " << devices << " GPU(s) are visible to this process (CUDA_VISIBLE_DEVICES?)");
   COMET_CUDA_CHECK(cudaSetDevice(local_rank));
 }
 

@@ -267,7 +267,7 @@ class NcclFabric final : public Fabric {
                                                                 << " (several nodes need NCCL's GIN, not supported yet)");
 
     // 2. This process drives GPU LOCAL_RANK.
-    detail::set_local_rank_device(env_.local_rank, context());
+    detail::set_local_rank_device(env_.local_rank, context(), env_.local_rank_source);
 
     // 3. The communicator id travels from rank 0 through the bootstrap file, one per fabric
     //    (suffix .0, .1, ...): a rank that makes its next fabric early must not read the id of

@@ -309,6 +309,10 @@ TEST(NcclFabric, LocalRankWithoutAGpuIsRefused) {
   env.rank = env.local_rank = count;
   EXPECT_TRUE(throws_with<Error>([&] { make_nccl_fabric(env); },
                                  {"LOCAL_RANK=" + std::to_string(count), "GPU(s) are visible"}));
+  // Taken from RANK (LOCAL_RANK unset), the message names RANK.
+  env.local_rank_source = "RANK";
+  EXPECT_TRUE(throws_with<Error>([&] { make_nccl_fabric(env); },
+                                 {"RANK=" + std::to_string(count) + " (LOCAL_RANK is unset)", "GPU(s) are visible"}));
 }
 
 }  // namespace

@@ -71,6 +71,7 @@ TEST(ProcessEnv, LocalDefaultsToGlobalOnOneNode) {
   ASSERT_TRUE(env.has_value());
   EXPECT_EQ(env->local_rank, 3);
   EXPECT_EQ(env->local_world, 8);
+  EXPECT_EQ(env->local_rank_source, "RANK");  // a message about its GPU names RANK, not LOCAL_RANK
 }
 
 TEST(ProcessEnv, TwoNodesKeepTheirLocalNumbering) {
@@ -80,6 +81,7 @@ TEST(ProcessEnv, TwoNodesKeepTheirLocalNumbering) {
   EXPECT_EQ(env->rank, 13);
   EXPECT_EQ(env->local_rank, 5);
   EXPECT_EQ(env->local_world, 8);
+  EXPECT_EQ(env->local_rank_source, "LOCAL_RANK");
 }
 
 // Derived names begin with the user's id: two users' runs on one node never share a file.
