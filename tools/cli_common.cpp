@@ -173,8 +173,10 @@ void read_integers_as_decimal(CLI::App& app) {
         // Past a double's range ("1e400", "1e-400") it would silently become inf or 0.
         errno = 0;
         char* end = nullptr;
-        std::strtod(input.c_str(), &end);
-        if (errno == ERANGE && end != input.c_str()) return "Value " + input + " is out of the range of a double";
+        const double value = std::strtod(input.c_str(), &end);
+        // (A subnormal such as 1e-310 also sets ERANGE, but is kept: it is not 0.)
+        if (errno == ERANGE && end != input.c_str() && (value == 0.0 || std::isinf(value)))
+          return "Value " + input + " is out of the range of a double";
         return std::string();
       },
       "");
@@ -484,7 +486,7 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
     c.model = ModelShape{};
   }
   if (any_shape) {
-    c.model.name = preset_given ? c.model.name + "+custom" : "custom";
+    c.model.name = preset_given || !any_size ? c.model.name + "+custom" : "custom";
     if (o.shape_opts[0]->count()) c.model.hidden = o.hidden;
     if (o.shape_opts[1]->count()) c.model.ffn = o.ffn;
     // A preset's padding experts (qwen2-moe: 4 of 64) only round its E up to a divisor of EP;

@@ -927,6 +927,11 @@ struct MoeLayer::Impl {
   // A second layer built on this fabric reallocated the heap: this layer's peer tables and
   // regions point into freed memory.
   void check_heap() const {
+    // No heap at all: the fabric lost it (an aborted communicator, a failed allocate), not a
+    // second layer.
+    COMET_CHECK(fabric.heap_generation() == heap_generation || fabric.bytes_per_rank() > 0,
+                "MoeLayer: the fabric has no heap any more (its communicator was aborted after an error or "
+                "timeout, or an allocate() failed); make a new fabric and layer");
     COMET_CHECK(fabric.heap_generation() == heap_generation,
                 "MoeLayer: the fabric's heap was reallocated after this layer was built (another layer on the same "
                 "fabric?); use one fabric per layer object");

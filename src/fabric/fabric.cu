@@ -1,6 +1,7 @@
 // The Fabric base class (argument checks of all_to_all_v), the Loopback and Local fabrics, and
 // make_nccl_fabric() for builds without NCCL. The Nccl fabric is in nccl_fabric.cu.
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -136,6 +137,8 @@ class LoopbackFabric final : public Fabric {
     DeviceGuard guard;
     COMET_CUDA_CHECK(cudaSetDevice(device_));
     const int64_t want = round_up(bytes, kHeapAlign);
+    COMET_CHECK(std::max<int64_t>(want, 256) <= std::numeric_limits<int64_t>::max() / world_,
+                "loopback fabric: " << world_ << " heaps of " << want << " bytes overflow int64");
     COMET_CUDA_CHECK(cudaMalloc(&heap_, std::max<int64_t>(want, 256) * world_));
     COMET_CUDA_CHECK(cudaMemset(heap_, 0, std::max<int64_t>(want, 256) * world_));
     bases_.resize(world_);

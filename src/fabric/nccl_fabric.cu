@@ -149,14 +149,25 @@ class NcclFabric final : public Fabric {
                                                  << -sizes[1] << ", largest " << sizes[0] << " bytes, this rank "
                                                  << want << "); every rank must allocate the same layout");
     // Only now the old heap goes: a refused size leaves it (and the layers on it) as they were.
-    release();
+    // A rank whose release fails half way (a broken context) would keep a heap the others freed
+    // and meet their next collectives with its own: it aborts.
+    try {
+      release();
+    } catch (...) {
+      if (!aborted_) abort_after_error();
+      throw;
+    }
 
     // 2. Memory NCCL can map for its peers (CUDA VMM), zeroed before anyone can see it. A
     //    rank that fails here still meets the others (2b) before it throws.
     window_bytes_ = round_up(std::max<int64_t>(want, 1), kWindowAlign);
     std::string local_failure;
     try {
-      check_nccl(ncclMemAlloc(&heap_, size_t(window_bytes_)), "ncclMemAlloc");
+      // Into a local first: a failed call may have written the pointer of a range it reserved
+      // and did not map, which must not be freed as a heap.
+      void* heap = nullptr;
+      check_nccl(ncclMemAlloc(&heap, size_t(window_bytes_)), "ncclMemAlloc");
+      heap_ = heap;
       COMET_CUDA_CHECK(cudaMemsetAsync(heap_, 0, window_bytes_, stream_));
       wait_stream(stream_, "zeroing the heap");
     } catch (const Error& e) {
@@ -167,8 +178,9 @@ class NcclFabric final : public Fabric {
     //     would wait in it for one that failed until the timeout, not knowing why.
     agree_every_heap_allocated(local_failure);
 
-    // 3-5 are collective or end in a collective: a failure here on one rank would leave the
-    //    others waiting in them, so it aborts the communicator (a new fabric is needed then).
+    // 3-5 are collective or end in a collective. A failure here on one rank aborts its
+    //    communicator (a new fabric is needed then); the others fail in the collective they
+    //    wait in, at the latest at their own timeout, and abort too.
     try {
       register_window();
     } catch (...) {

@@ -185,15 +185,16 @@ TEST(NcclFabric, ATimeoutAbortsAndInvalidatesTheHeap) {
   COMET_REQUIRE_GPU();
   TempDir dir;
   ProcessEnv env = one_rank_env(dir.file("bootstrap.id"));
-  env.timeout_s = 0.3;
+  // The one timeout covers joining the communicator and allocate() too: long enough for those.
+  env.timeout_s = 3;
   auto f = make_nccl_fabric(env);
   f->allocate(4096);
   const uint64_t generation = f->heap_generation();
   cudaStream_t stream;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  sleep_kernel<<<1, 1, 0, stream>>>(1'500'000'000);  // 1.5 s, past the 0.3 s timeout
+  sleep_kernel<<<1, 1, 0, stream>>>(5'000'000'000);  // 5 s, past the 3 s timeout
   COMET_CUDA_CHECK_LAUNCH();
-  EXPECT_TRUE(throws_with<TimeoutError>([&] { f->barrier(stream); }, {"rank 0 of 1", "timed out after 0.3 s"}));
+  EXPECT_TRUE(throws_with<TimeoutError>([&] { f->barrier(stream); }, {"rank 0 of 1", "timed out after 3 s"}));
   EXPECT_NE(f->heap_generation(), generation);
   EXPECT_EQ(f->bytes_per_rank(), 0);
   EXPECT_TRUE(throws_with<Error>([&] { f->allocate(4096); }, {"the communicator was aborted"}));
