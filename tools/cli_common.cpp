@@ -331,10 +331,9 @@ void check_replaceable_output(const std::string& path, const std::string& option
   // A file already there (a writer that was killed left it) is the writer's to replace, not
   // this check's to remove.
   std::error_code error;
-  const std::filesystem::file_status tmp_status = std::filesystem::status(tmp, error);
-  // Opening a FIFO for writing waits for a reader: refused, as the output path itself is.
-  if (std::filesystem::is_fifo(tmp_status) || std::filesystem::is_socket(tmp_status) ||
-      std::filesystem::is_character_file(tmp_status) || std::filesystem::is_block_file(tmp_status))
+  // A temporary that is a FIFO, socket or device (opening a FIFO for writing waits for a
+  // reader) is refused, as the output path itself is.
+  if (!replaced_by_rename(tmp))
     throw UsageError(option + ": \"" + tmp + "\", which is written first and renamed over \"" + path +
                      "\", is not a regular file; remove it");
   const bool existed = std::filesystem::exists(std::filesystem::symlink_status(tmp, error));
@@ -463,11 +462,9 @@ Workload build_workload_checked(const WorkloadOptions& o, const TileConfig& defa
 
   // Model: a preset, a preset with some fields overridden, or a fully custom shape.
   // The four sizes make a custom shape; --activation alone changes the (default) preset's.
-  bool any_shape = false, any_size = false;
-  for (size_t i = 0; i < o.shape_opts.size(); ++i) {
-    any_shape = any_shape || o.shape_opts[i]->count() > 0;
-    if (i < 4) any_size = any_size || o.shape_opts[i]->count() > 0;
-  }
+  const auto given = [&](size_t i) { return o.shape_opts[i]->count() > 0; };  // shape_opts' order
+  const bool any_size = given(0) || given(1) || given(2) || given(3);
+  const bool any_shape = any_size || given(4);
   const bool preset_given = o.model_opt->count() > 0;
   if (preset_given || !any_size) {
     const auto names = ModelPresets::names();

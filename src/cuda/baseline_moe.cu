@@ -220,15 +220,8 @@ struct BaselineMoe::Impl {
   }
   uint64_t heap_generation = 0;  // the fabric's, after this layer's allocate()
   cuda::RankTensorCheck tensor_check{{"BaselineMoe", true, "rows move 16 bytes at a time"}};
-  // A second layer built on this fabric reallocated the heap under this one.
-  void check_heap() const {
-    COMET_CHECK(fabric.heap_generation() == heap_generation || fabric.bytes_per_rank() > 0,
-                "BaselineMoe: the fabric has no heap any more (its communicator was aborted after an error or "
-                "timeout, or an allocate() failed); make a new fabric and layer");
-    COMET_CHECK(fabric.heap_generation() == heap_generation,
-                "BaselineMoe: the fabric's heap was reallocated after this layer was built (another layer on the "
-                "same fabric?); use one fabric per layer object");
-  }
+  // A second layer built on this fabric reallocated the heap under this one, or the fabric lost it.
+  void check_heap() const { fabric.check_heap_generation(heap_generation, "BaselineMoe"); }
 
   char* staging = nullptr;       // pinned, staging_layout.total
   cuda::LinkPacer* pacer = nullptr;  // link emulation (one GPU): every all-to-all's, zeroed by each

@@ -924,18 +924,9 @@ struct MoeLayer::Impl {
     COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
-  // A second layer built on this fabric reallocated the heap: this layer's peer tables and
-  // regions point into freed memory.
-  void check_heap() const {
-    // No heap at all: the fabric lost it (an aborted communicator, a failed allocate), not a
-    // second layer.
-    COMET_CHECK(fabric.heap_generation() == heap_generation || fabric.bytes_per_rank() > 0,
-                "MoeLayer: the fabric has no heap any more (its communicator was aborted after an error or "
-                "timeout, or an allocate() failed); make a new fabric and layer");
-    COMET_CHECK(fabric.heap_generation() == heap_generation,
-                "MoeLayer: the fabric's heap was reallocated after this layer was built (another layer on the same "
-                "fabric?); use one fabric per layer object");
-  }
+  // A second layer built on this fabric reallocated the heap, or the fabric lost it: this
+  // layer's peer tables and regions point into freed memory.
+  void check_heap() const { fabric.check_heap_generation(heap_generation, "MoeLayer"); }
   // One stream for every rank: the kernels launch on the current device, which must be the
   // ranks' GPU. (The stream's own device is not asked: cudaStreamGetDevice is refused while the
   // stream is being captured; a stream of another GPU fails at the first launch.)

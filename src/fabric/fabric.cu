@@ -26,6 +26,16 @@ void Fabric::check_local(int rank, const char* what) const {
                                      << ")");
 }
 
+void Fabric::check_heap_generation(uint64_t generation, const char* who) const {
+  // No heap at all: the fabric lost it, not a second layer.
+  COMET_CHECK(heap_generation_ == generation || bytes_per_rank() > 0,
+              who << ": the fabric has no heap any more (its communicator was aborted after an error or timeout, "
+                     "or an allocate() failed); make a new fabric and layer");
+  COMET_CHECK(heap_generation_ == generation,
+              who << ": the fabric's heap was reallocated after this layer was built (another layer on the same "
+                     "fabric?); use one fabric per layer object");
+}
+
 void Fabric::all_to_all_v(const AllToAllVArgs* local_ranks, CUstream_st* stream) {
   const int W = world(), n = num_local_ranks(), first = first_local_rank();
   COMET_CHECK(local_ranks != nullptr, "all_to_all_v: null argument array");
@@ -137,10 +147,11 @@ class LoopbackFabric final : public Fabric {
     DeviceGuard guard;
     COMET_CUDA_CHECK(cudaSetDevice(device_));
     const int64_t want = round_up(bytes, kHeapAlign);
-    COMET_CHECK(std::max<int64_t>(want, 256) <= std::numeric_limits<int64_t>::max() / world_,
+    const int64_t slice = std::max<int64_t>(want, 256);  // what each rank's heap takes
+    COMET_CHECK(slice <= std::numeric_limits<int64_t>::max() / world_,
                 "loopback fabric: " << world_ << " heaps of " << want << " bytes overflow int64");
-    COMET_CUDA_CHECK(cudaMalloc(&heap_, std::max<int64_t>(want, 256) * world_));
-    COMET_CUDA_CHECK(cudaMemset(heap_, 0, std::max<int64_t>(want, 256) * world_));
+    COMET_CUDA_CHECK(cudaMalloc(&heap_, slice * world_));
+    COMET_CUDA_CHECK(cudaMemset(heap_, 0, slice * world_));
     bases_.resize(world_);
     for (int r = 0; r < world_; ++r) bases_[r] = static_cast<char*>(heap_) + r * want;
     COMET_CUDA_CHECK(cudaMalloc(&table_, world_ * sizeof(void*)));

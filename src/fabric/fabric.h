@@ -94,6 +94,10 @@ class Fabric {
   // refuses to run once another object reallocated the heap under it (its device tables would
   // point into freed memory).
   uint64_t heap_generation() const { return heap_generation_; }
+  // Throws comet::Error, prefixed by `who` (the layer's class), unless the heap is still the one
+  // of `generation`: the message says whether the fabric lost its heap (an aborted
+  // communicator, a failed allocate) or another object reallocated it.
+  void check_heap_generation(uint64_t generation, const char* who) const;
   virtual int64_t bytes_per_rank() const = 0;
   // Local rank r's heap as seen from its own device.
   virtual void* base(int rank) const = 0;

@@ -151,12 +151,7 @@ class NcclFabric final : public Fabric {
     // Only now the old heap goes: a refused size leaves it (and the layers on it) as they were.
     // A rank whose release fails half way (a broken context) would keep a heap the others freed
     // and meet their next collectives with its own: it aborts.
-    try {
-      release();
-    } catch (...) {
-      if (!aborted_) abort_after_error();
-      throw;
-    }
+    aborting_on_failure([&] { release(); });
 
     // 2. Memory NCCL can map for its peers (CUDA VMM), zeroed before anyone can see it. A
     //    rank that fails here still meets the others (2b) before it throws.
@@ -181,12 +176,7 @@ class NcclFabric final : public Fabric {
     // 3-5 are collective or end in a collective. A failure here on one rank aborts its
     //    communicator (a new fabric is needed then); the others fail in the collective they
     //    wait in, at the latest at their own timeout, and abort too.
-    try {
-      register_window();
-    } catch (...) {
-      if (!aborted_) abort_after_error();
-      throw;
-    }
+    aborting_on_failure([&] { register_window(); });
     bytes_ = want;  // last: a failure above leaves 0 bytes, so Fabric::allocate moves the generation
   }
 
@@ -428,6 +418,18 @@ class NcclFabric final : public Fabric {
     abort_comm();
     if (bytes_ > 0) invalidate_heap();
     bytes_ = 0;
+  }
+
+  // Runs `step`; if it throws, the communicator is aborted (unless that happened already) and
+  // the exception goes on: for steps whose failure on one rank leaves the ranks out of step.
+  template <class Step>
+  void aborting_on_failure(Step&& step) {
+    try {
+      step();
+    } catch (...) {
+      if (!aborted_) abort_after_error();
+      throw;
+    }
   }
 
   void abort_comm() noexcept {
